@@ -1,0 +1,50 @@
+# The README's two commands: `make demo` (the main job) and `make test`.
+# Each creates .venv and installs what it needs on a fresh machine.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BACKENDS := tensorflow jax torch
+PYTEST_ARGS ?=
+export TF_CPP_MIN_LOG_LEVEL := 3
+
+.PHONY: install lint format test test-% demo clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt \
+		-e ".[dev,jax,torch]" tensorflow-cpu
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# The whole suite once per backend, each in its own process (KERAS_BACKEND is
+# fixed at import). Every backend runs even if one fails; the target fails if
+# any did.
+test: lint
+	@failed=""; \
+	for backend in $(BACKENDS); do \
+		echo "=== pytest, KERAS_BACKEND=$$backend ==="; \
+		KERAS_BACKEND=$$backend $(BIN)/python -m pytest $(PYTEST_ARGS) \
+			|| failed="$$failed $$backend"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "FAILED on:$$failed"; exit 1; fi; \
+	echo "all backends passed: $(BACKENDS)"
+
+test-%: $(STAMP)
+	KERAS_BACKEND=$* $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	KERAS_BACKEND=jax $(BIN)/python examples/demo.py
+
+clean:
+	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache .hypothesis

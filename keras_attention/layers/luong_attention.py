@@ -1,0 +1,177 @@
+"""Luong (multiplicative) attention: dot, general and concat scores.
+
+Shape legend: B batch, T query (decoder) steps, S source length,
+Dq query dim, Dk key dim, Dv value dim, U units.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import functional
+from keras_attention.layers.attention_mechanism import AttentionMechanism
+
+_SCORES = ("dot", "general", "concat")
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class LuongAttention(AttentionMechanism):
+    """Multiplicative attention of Luong, Pham and Manning.
+
+    Scores the current decoder state `s_t` against each encoder state
+    `h_j` in one of three ways (seed 001):
+
+    $$e_j = \\begin{cases}
+    s_t^\\top h_j & \\text{dot} \\\\
+    s_t^\\top W_a h_j & \\text{general} \\\\
+    v_a^\\top \\tanh(W_a [s_t; h_j]) & \\text{concat}
+    \\end{cases}$$
+
+    followed by the masked softmax and the weighted average of the values
+    of `AttentionMechanism`. `W_a h_j` (general) and the key half of
+    `W_a [s_t; h_j]` (concat) do not depend on the query, so
+    `project_keys` computes them once per source sequence. With
+    `scale=True` the score is multiplied by a learned scalar `g`
+    (initialised to 1).
+
+    Args:
+        score: str. `"dot"` (needs `Dq == Dk`), `"general"` or `"concat"`.
+            Defaults to `"general"`.
+        units: int. Size U of the hidden layer of the `concat` score;
+            required for `concat` and not accepted by the others. Defaults
+            to `None`.
+        scale: bool. Learn a scalar gain on the scores. Defaults to
+            `False`.
+        dropout: float. Dropout rate on the attention weights during
+            training. Defaults to `0.0`.
+        kernel_initializer: str or initializer. Initializer of `W_a` and
+            `v_a`. Defaults to `"glorot_uniform"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: tensor `(B, Dq)` (one decoder step, the state `s_t` in
+            Luong's flow) or `(B, T, Dq)`.
+        value: tensor `(B, S, Dv)`, the encoder states.
+        key: tensor `(B, S, Dk)`. Defaults to `value`.
+        value_mask: boolean tensor `(B, S)`, `True` for real source tokens.
+            Defaults to the Keras mask of `value`.
+        return_attention_scores: bool. Also return the weights.
+        training: bool. Whether dropout is active.
+
+    Returns:
+        The context `(B, Dv)` or `(B, T, Dv)`, and with
+        `return_attention_scores=True` also the weights `(B, S)` or
+        `(B, T, S)`.
+
+    Examples:
+        >>> import numpy as np
+        >>> layer = LuongAttention(score="dot")
+        >>> state = np.array([[1.0, 0.0]], "float32")              # s_t
+        >>> encoder = np.array([[[1.0, 0.0], [0.0, 1.0]]], "float32")
+        >>> context, weights = layer(
+        ...     state, encoder, return_attention_scores=True
+        ... )
+        >>> np.round(np.asarray(weights), 4).tolist()
+        [[0.7311, 0.2689]]
+
+    References:
+        Luong, Pham and Manning, "Effective Approaches to Attention-based
+        Neural Machine Translation", EMNLP 2015.
+    """
+
+    def __init__(
+        self,
+        score: str = "general",
+        units: int | None = None,
+        scale: bool = False,
+        dropout: float = 0.0,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(
+            dropout=dropout, kernel_initializer=kernel_initializer, **kwargs
+        )
+        if score not in _SCORES:
+            raise ValueError(
+                f"{self._where()}: `score` must be one of {_SCORES}. "
+                f"Received: score={score!r}"
+            )
+        if score == "concat" and (
+            not isinstance(units, int) or isinstance(units, bool) or units < 1
+        ):
+            raise ValueError(
+                f"{self._where()}: score='concat' needs `units`, a positive "
+                f"integer. Received: units={units!r}"
+            )
+        if score != "concat" and units is not None:
+            raise ValueError(
+                f"{self._where()}: `units` is only used by score='concat'. "
+                f"Received: score={score!r}, units={units!r}"
+            )
+        self.score = score
+        self.units = units
+        self.scale = scale
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"score": self.score, "units": self.units, "scale": self.scale}
+        )
+        return config
+
+    def project_keys(self, key):
+        if self.score == "dot":
+            return key  # (B, S, Dq)
+        return self.key_dense(key)  # (B, S, Dq) general, (B, S, U) concat
+
+    def _build_score(self, query_dim, key_dim):
+        if self.score == "dot" and query_dim != key_dim:
+            raise ValueError(
+                f"{self._where()}: score='dot' needs queries and keys of "
+                "the same feature dim. Received: "
+                f"query.shape[-1]={query_dim}, key.shape[-1]={key_dim}"
+            )
+        if self.score != "dot":
+            self.key_dense = self._dense(
+                self.units or query_dim, "key_dense", key_dim
+            )
+        if self.score == "concat":
+            self.query_dense = self._dense(self.units, "query_dense", query_dim)
+            self.score_kernel = self.add_weight(
+                name="score_kernel",
+                shape=(self.units,),
+                initializer=self.kernel_initializer,
+            )
+        if self.scale:
+            self.score_gain = self.add_weight(
+                name="score_gain", shape=(), initializer="ones"
+            )
+
+    def _score(self, query, projected_keys):
+        if self.score == "concat":
+            scores = functional.additive_score(
+                self.query_dense(query),
+                projected_keys,
+                ops.cast(self.score_kernel, self.compute_dtype),
+            )  # (B, T, S)
+        else:
+            # Products of long vectors overflow in half precision.
+            dtype = functional.logits_dtype(query.dtype)
+            scores = ops.einsum(
+                "btd,bsd->bts",
+                ops.cast(query, dtype),
+                ops.cast(projected_keys, dtype),
+            )  # (B, T, S)
+        if self.scale:
+            scores = scores * ops.cast(self.score_gain, scores.dtype)
+        return scores
+
+    def _dense(self, units, name, input_dim):
+        layer = keras.layers.Dense(
+            units,
+            use_bias=False,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        layer.build((None, None, input_dim))
+        return layer

@@ -1,0 +1,80 @@
+"""NumPy references and backend-neutral utilities for the tests."""
+
+import keras
+import numpy as np
+
+BACKEND = keras.backend.backend()
+RNG_SEED = 20261129
+
+
+def rng(seed=RNG_SEED):
+    return np.random.default_rng(seed)
+
+
+def to_numpy(x):
+    """A float64 NumPy copy of a backend tensor (detached under torch)."""
+    return np.asarray(
+        keras.ops.convert_to_numpy(keras.ops.cast(x, "float32")), "float64"
+    )
+
+
+def np_masked_softmax(logits, mask):
+    """Reference softmax: masked entries and empty rows get weight 0."""
+    logits = np.asarray(logits, "float64")
+    mask = np.broadcast_to(mask, logits.shape)
+    safe = np.where(mask, logits, -np.inf)
+    row_max = np.max(np.where(mask, logits, -1e300), axis=-1, keepdims=True)
+    exp = np.where(mask, np.exp(safe - row_max), 0.0)
+    total = exp.sum(axis=-1, keepdims=True)
+    return np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
+
+
+def np_sdpa(q, k, v, mask=None, causal=False, scale=None):
+    """Reference scaled dot-product attention in float64.
+
+    3-D `(B, T, H)` or 4-D `(B, T, N, H)` with `K <= N` key/value heads.
+    Returns `(output, weights)`.
+    """
+    q, k, v = (np.asarray(x, "float64") for x in (q, k, v))
+    single = q.ndim == 3
+    if single:
+        q, k, v = q[:, :, None], k[:, :, None], v[:, :, None]
+    batch, t, n, h = q.shape
+    s = k.shape[1]
+    groups = n // k.shape[2]
+    k, v = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
+    scale = 1.0 / np.sqrt(h) if scale is None else scale
+    logits = np.einsum("btnh,bsnh->bnts", q, k) * scale
+    full = np.ones((batch, n, t, s), bool)
+    if mask is not None:
+        mask = np.asarray(mask, bool)
+        if mask.ndim == 3:
+            mask = mask[:, None]
+        full &= np.broadcast_to(mask, full.shape)
+    if causal:
+        full &= np.tril(np.ones((t, s), bool))
+    weights = np_masked_softmax(logits, full)
+    out = np.einsum("bnts,bsnv->btnv", weights, v)
+    if single:
+        return out[:, :, 0], weights[:, 0]
+    return out, weights
+
+
+def gradient(fn, x):
+    """d sum(fn(x)) / dx on the active backend, as NumPy."""
+    if BACKEND == "jax":
+        import jax
+
+        return np.asarray(jax.grad(lambda y: fn(y).sum())(x))
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.Variable(x)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(fn(x), "float32"))
+        return tape.gradient(loss, x).numpy()
+    import torch
+
+    x = torch.tensor(x, requires_grad=True)
+    fn(x).float().sum().backward()
+    return x.grad.numpy()
