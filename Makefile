@@ -9,7 +9,7 @@ BACKENDS := tensorflow jax torch
 PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install lint format test test-% demo clean
+.PHONY: install lint format test test-% demo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,3 +48,9 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache .hypothesis
+
+bench: $(STAMP)
+	for backend in $(BACKENDS); do \
+		KERAS_BACKEND=$$backend $(BIN)/python benchmarks/attention_kernels.py \
+			|| exit 1; \
+	done

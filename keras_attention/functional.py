@@ -81,9 +81,10 @@ def causal_mask(query_length, key_length, offset=0):
         Boolean tensor of shape `(T, S)`, `True` = attend.
 
     Examples:
-        >>> import numpy as np
-        >>> np.asarray(causal_mask(2, 3)).astype(int).tolist()
-        [[1, 0, 0], [1, 1, 0]]
+        >>> import keras
+        >>> print(keras.ops.convert_to_numpy(causal_mask(2, 3)))
+        [[ True False False]
+         [ True  True False]]
     """
     rows = ops.expand_dims(ops.arange(query_length), 1) + offset  # (T, 1)
     cols = ops.expand_dims(ops.arange(key_length), 0)  # (1, S)
@@ -100,10 +101,11 @@ def merge_masks(*masks):
         The broadcast conjunction, or `None` if every mask is `None`.
 
     Examples:
+        >>> import keras
         >>> import numpy as np
         >>> m = merge_masks(None, np.array([True, False]), np.array([True]))
-        >>> np.asarray(m).tolist()
-        [True, False]
+        >>> print(keras.ops.convert_to_numpy(m))
+        [ True False]
     """
     merged = None
     for mask in masks:
@@ -161,13 +163,15 @@ def masked_softmax(logits, mask=None, axis=-1):
         where every entry of the row is masked.
 
     Examples:
+        >>> import keras
         >>> import numpy as np
         >>> w = masked_softmax(
         ...     np.array([[0.0, 0.0], [1.0, 2.0]], "float32"),
         ...     np.array([[False, False], [True, False]]),
         ... )
-        >>> np.asarray(w).tolist()
-        [[0.0, 0.0], [1.0, 0.0]]
+        >>> print(keras.ops.convert_to_numpy(w))
+        [[0. 0.]
+         [1. 0.]]
     """
     if mask is None:
         return ops.softmax(logits, axis=axis)
@@ -193,12 +197,13 @@ def additive_score(query, key, kernel, bias=None):
         Tensor `(B, T, S)` of scores.
 
     Examples:
+        >>> import keras
         >>> import numpy as np
         >>> q = np.zeros((1, 1, 2), "float32")
         >>> k = np.array([[[0.0, 0.0], [1.0, 1.0]]], "float32")
         >>> s = additive_score(q, k, np.ones(2, "float32"))
-        >>> np.round(np.asarray(s), 4).tolist()
-        [[[0.0, 1.5232]]]
+        >>> print(np.round(keras.ops.convert_to_numpy(s), 4))  # 2 tanh(1)
+        [[[0.     1.5232]]]
     """
     hidden = ops.expand_dims(query, 2) + ops.expand_dims(key, 1)  # (B,T,S,U)
     if bias is not None:
@@ -252,6 +257,7 @@ def scaled_dot_product_attention(
     Examples:
         The worked example of seed 002: one query, two keys.
 
+        >>> import keras
         >>> import numpy as np
         >>> q = np.array([[[2.0]]], "float32")
         >>> k = np.array([[[2.0], [1.0]]], "float32")
@@ -259,10 +265,10 @@ def scaled_dot_product_attention(
         >>> out, w = scaled_dot_product_attention(
         ...     q, k, v, return_attention_scores=True
         ... )
-        >>> np.round(np.asarray(w), 3).tolist()
-        [[[0.881, 0.119]]]
-        >>> round(float(np.asarray(out)[0, 0, 0]), 2)
-        9.29
+        >>> print(np.round(keras.ops.convert_to_numpy(w), 3))
+        [[[0.881 0.119]]]
+        >>> print(np.round(keras.ops.convert_to_numpy(out), 3))
+        [[[9.285]]]
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017.
@@ -302,11 +308,12 @@ def attention_weights(query, key, mask=None, scale=None):
         Weights `(B, T, S)` or `(B, N, T, S)` in the query's dtype.
 
     Examples:
+        >>> import keras
         >>> import numpy as np
         >>> w = attention_weights(np.ones((1, 1, 4), "float32"),
         ...                       np.ones((1, 3, 4), "float32"))
-        >>> np.round(np.asarray(w), 4).tolist()
-        [[[0.3333, 0.3333, 0.3333]]]
+        >>> print(np.round(keras.ops.convert_to_numpy(w), 4))
+        [[[0.3333 0.3333 0.3333]]]
     """
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
@@ -335,11 +342,12 @@ def attend(weights, value):
         Tensor `(B, T, V)` or `(B, T, N, V)` in the value's dtype.
 
     Examples:
+        >>> import keras
         >>> import numpy as np
         >>> out = attend(np.array([[[0.25, 0.75]]], "float32"),
         ...              np.array([[[4.0], [8.0]]], "float32"))
-        >>> np.asarray(out).tolist()
-        [[[7.0]]]
+        >>> print(keras.ops.convert_to_numpy(out))
+        [[[7.]]]
     """
     weights = ops.cast(weights, value.dtype)
     if len(value.shape) == 3:
@@ -407,14 +415,18 @@ def _check_inputs(query, key, value, mask):
             f"{_FN}: `mask` must be boolean (True = attend). "
             f"Received: mask.dtype={dtype}"
         )
-    batch, query_length, key_length = query.shape[0], query.shape[1], key.shape[1]
+    batch, query_length, key_length = (
+        query.shape[0],
+        query.shape[1],
+        key.shape[1],
+    )
     if rank == 3 or len(mask.shape) == 3:
         target = (batch, query_length, key_length)
     else:
         target = (batch, query.shape[2], query_length, key_length)
     if not _broadcastable(mask.shape, target):
         raise ValueError(
-            f"{_FN}: `mask` must broadcast to {_shape_str(target, rank)}. "
+            f"{_FN}: `mask` must broadcast to {_shape_str(target)}. "
             f"Received: mask.shape={_shape(mask)}, "
             f"query.shape={_shape(query)}, key.shape={_shape(key)}"
         )
@@ -447,15 +459,15 @@ def _shape(tensor):
 def _broadcastable(shape, target):
     if len(shape) > len(target) or len(shape) < 2:
         return False
-    for dim, want in zip(reversed(shape), reversed(target)):
+    for dim, want in zip(reversed(shape), reversed(target), strict=False):
         if dim not in (1, None) and want is not None and dim != want:
             return False
     return True
 
 
-def _shape_str(target, rank):
+def _shape_str(target):
     names = ("B", "T", "S") if len(target) == 3 else ("B", "N", "T", "S")
-    dims = ", ".join(f"{n}={d}" for n, d in zip(names, target))
+    dims = ", ".join(f"{n}={d}" for n, d in zip(names, target, strict=True))
     return f"({dims})"
 
 

@@ -27,4 +27,3 @@ def _fresh_keras_state():
     yield
     keras.config.set_dtype_policy("float32")
     keras.backend.clear_session()
-

@@ -243,7 +243,7 @@ class AttentionMechanism(keras.layers.Layer):
         expected = tuple(value_shape[:2])
         compatible = len(mask_shape) == 2 and all(
             a is None or b is None or a == b
-            for a, b in zip(mask_shape, expected)
+            for a, b in zip(mask_shape, expected, strict=True)
         )
         if not compatible:
             raise ValueError(

@@ -63,6 +63,7 @@ class LuongAttention(AttentionMechanism):
         `(B, T, S)`.
 
     Examples:
+        >>> import keras
         >>> import numpy as np
         >>> layer = LuongAttention(score="dot")
         >>> state = np.array([[1.0, 0.0]], "float32")              # s_t
@@ -70,8 +71,21 @@ class LuongAttention(AttentionMechanism):
         >>> context, weights = layer(
         ...     state, encoder, return_attention_scores=True
         ... )
-        >>> np.round(np.asarray(weights), 4).tolist()
-        [[0.7311, 0.2689]]
+        >>> print(np.round(keras.ops.convert_to_numpy(weights), 4))
+        [[0.7311 0.2689]]
+
+        The general score, with key projections computed once per source
+        and reused at every decoding step:
+
+        >>> layer = LuongAttention(score="general")
+        >>> encoder = np.random.rand(2, 7, 16).astype("float32")
+        >>> layer.build(query_shape=(2, 16), value_shape=(2, 7, 16))
+        >>> projected = layer.project_keys(encoder)            # (B, S, Dq)
+        >>> for step in range(3):
+        ...     state = np.random.rand(2, 16).astype("float32")
+        ...     context = layer.attend(state, encoder, projected)
+        >>> tuple(context.shape)
+        (2, 16)
 
     References:
         Luong, Pham and Manning, "Effective Approaches to Attention-based

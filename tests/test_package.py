@@ -1,0 +1,98 @@
+"""The public API, its registration for saving, and its docstrings."""
+
+import doctest
+import inspect
+
+import keras
+import pytest
+
+import keras_attention
+from keras_attention import functional
+from keras_attention.layers import attention_mechanism
+from keras_attention.layers import bahdanau_attention
+from keras_attention.layers import luong_attention
+
+PUBLIC_NAMES = [
+    "AttentionMechanism",
+    "BahdanauAttention",
+    "LuongAttention",
+    "__version__",
+    "functional",
+]
+PUBLIC_FUNCTIONS = [
+    "additive_score",
+    "attend",
+    "attention_weights",
+    "causal_mask",
+    "large_negative",
+    "logits_dtype",
+    "masked_softmax",
+    "merge_masks",
+    "padding_to_attention_mask",
+    "scaled_dot_product_attention",
+]
+LAYER_CLASSES = ["AttentionMechanism", "BahdanauAttention", "LuongAttention"]
+DOCTESTED_MODULES = [
+    functional,
+    attention_mechanism,
+    bahdanau_attention,
+    luong_attention,
+]
+
+
+def test_public_api_is_pinned():
+    assert sorted(keras_attention.__all__) == sorted(PUBLIC_NAMES)
+    for name in PUBLIC_NAMES:
+        assert hasattr(keras_attention, name), name
+    public_functions = sorted(
+        name
+        for name, obj in vars(functional).items()
+        if inspect.isfunction(obj)
+        and not name.startswith("_")
+        and obj.__module__ == functional.__name__
+    )
+    assert public_functions == sorted(PUBLIC_FUNCTIONS)
+
+
+def test_version_is_single_sourced():
+    from keras_attention.version import __version__
+
+    assert keras_attention.__version__ == __version__
+    assert __version__.count(".") >= 2
+
+
+@pytest.mark.parametrize("name", LAYER_CLASSES)
+def test_layers_are_registered_for_safe_loading(name):
+    cls = getattr(keras_attention, name)
+    registered = keras.saving.get_registered_name(cls)
+    assert registered == f"keras_attention>{name}"
+    assert keras.saving.get_registered_object(registered) is cls
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [getattr(keras_attention, n) for n in LAYER_CLASSES]
+    + [getattr(functional, n) for n in PUBLIC_FUNCTIONS],
+    ids=LAYER_CLASSES + PUBLIC_FUNCTIONS,
+)
+def test_public_names_are_documented(obj):
+    doc = inspect.getdoc(obj)
+    assert doc and len(doc.splitlines()) >= 3, obj
+    if inspect.isfunction(obj) and inspect.signature(obj).parameters:
+        assert "Args:" in doc and "Returns:" in doc
+    if inspect.isclass(obj) and obj is not keras_attention.AttentionMechanism:
+        assert "Examples:" in doc and "References:" in doc and "$$" in doc
+
+
+@pytest.mark.parametrize(
+    "module", DOCTESTED_MODULES, ids=[m.__name__ for m in DOCTESTED_MODULES]
+)
+def test_docstring_examples_run(module):
+    result = doctest.testmod(
+        module,
+        optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+        verbose=False,
+    )
+    assert result.failed == 0
+    if module is not attention_mechanism:
+        assert result.attempted > 0
