@@ -176,7 +176,7 @@ def masked_softmax(logits, mask=None, axis=-1):
     if mask is None:
         return ops.softmax(logits, axis=axis)
     mask = ops.cast(mask, "bool")
-    fill = ops.cast(large_negative(logits.dtype), logits.dtype)
+    fill = ops.full((), large_negative(logits.dtype), dtype=logits.dtype)
     weights = ops.softmax(ops.where(mask, logits, fill), axis=axis)
     return ops.where(mask, weights, ops.zeros_like(weights))
 
