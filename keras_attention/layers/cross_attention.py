@@ -1,0 +1,204 @@
+"""Multi-head cross-attention: queries from one sequence, keys/values from
+another.
+
+Shape legend: B batch, T query length, S key/value length, D model dim,
+N query heads, K key/value heads, H head dim.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import functional
+from keras_attention.layers.multi_head_core import MultiHeadCore
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class CrossAttention(MultiHeadCore):
+    """Multi-head attention of one sequence over another (seed 002).
+
+    The decoder's states ask (queries) and the encoder's states answer
+    (keys and values), as in the Transformer's encoder–decoder attention:
+
+    $$\\text{head}_n = \\operatorname{softmax}\\left(
+    \\frac{Y W^Q_n (X W^K_n)^\\top}{\\sqrt{H}} + M\\right) X W^V_n,
+    \\quad Z = [\\text{head}_1; \\dots; \\text{head}_N] W^O$$
+
+    The output has the query's model dim. Keys and values do not depend on
+    the queries, so a decoder computes them once per source with
+    `compute_cache` and passes the result as `cache` at every step.
+
+    Args:
+        num_heads: int. Number of query heads N.
+        key_dim: int. Head dim H of queries and keys. Defaults to
+            `Dq // num_heads` (then Dq must be divisible by N).
+        value_dim: int. Head dim of values. Defaults to `key_dim`.
+        dropout: float. Dropout rate on the attention weights during
+            training. Defaults to `0.0`.
+        use_bias: bool. Biases in the projections. Defaults to `True`.
+        num_key_value_heads: int. Number K of key/value heads, a divisor of
+            `num_heads`. Defaults to `num_heads`.
+        kernel_initializer: str or initializer. Defaults to
+            `"glorot_uniform"`.
+        bias_initializer: str or initializer. Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: tensor `(B, T, Dq)`.
+        value: tensor `(B, S, Dv)`. May be `None` when `cache` is given.
+        key: tensor `(B, S, Dk)`. Defaults to `value`.
+        value_mask: boolean tensor `(B, S)`, `True` for real source tokens.
+            Defaults to the Keras mask of `value`.
+        attention_mask: boolean tensor `(B, T, S)`, `True` = attend.
+        cache: tensor `(B, 2, S, K, H)` from `compute_cache`: the projected
+            keys and values, used instead of projecting `key`/`value`.
+        return_attention_scores: bool. Also return the weights
+            `(B, N, T, S)`.
+        training: bool. Whether dropout is active.
+
+    Returns:
+        `outputs` `(B, T, Dq)`, or `(outputs, scores)`.
+
+    Examples:
+        >>> import numpy as np
+        >>> layer = CrossAttention(num_heads=2)
+        >>> decoder = np.random.rand(2, 4, 16).astype("float32")
+        >>> encoder = np.random.rand(2, 9, 24).astype("float32")
+        >>> out, scores = layer(decoder, encoder, return_attention_scores=True)
+        >>> tuple(out.shape), tuple(scores.shape)
+        ((2, 4, 16), (2, 2, 4, 9))
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        num_key_value_heads: int | None = None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            num_key_value_heads=num_key_value_heads,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            **kwargs,
+        )
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        self._build_heads(query_shape, key_shape, value_shape)
+        self._check_pair(query_shape, value_shape, key_shape)
+        self.built = True
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        value_mask=None,
+        attention_mask=None,
+        cache=None,
+        return_attention_scores: bool = False,
+        training=None,
+    ):
+        batch, length = query.shape[0], query.shape[1]
+        if cache is None:
+            key = value if key is None else key
+            self._check_pair(query.shape, value.shape, key.shape)
+            key_heads, value_heads = self._project_key_value(key, value)
+        else:
+            self._check_mask(
+                "cache", cache, (batch, 2, None, self.kv_heads, self._head_dim)
+            )
+            key_heads = ops.cast(cache[:, 0], query.dtype)  # (B, S, K, H)
+            value_heads = ops.cast(cache[:, 1], query.dtype)  # (B, S, K, H)
+        source_length = key_heads.shape[1]
+        self._check_mask("value_mask", value_mask, (batch, source_length))
+        self._check_mask(
+            "attention_mask", attention_mask, (batch, length, source_length)
+        )
+        full_mask = functional.merge_masks(
+            functional.padding_to_attention_mask(value_mask), attention_mask
+        )  # (B, T, S)
+        outputs, scores = self._attend(
+            self._project_query(query),
+            key_heads,
+            value_heads,
+            full_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )
+        if return_attention_scores:
+            return outputs, scores
+        return outputs
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        value_mask=None,
+        attention_mask=None,
+        cache=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        outputs = keras.KerasTensor(query.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return outputs
+        source_length = (value if cache is None else cache).shape[
+            1 if cache is None else 2
+        ]
+        scores = keras.KerasTensor(
+            (query.shape[0], self.num_heads, query.shape[1], source_length),
+            dtype=self.compute_dtype,
+        )
+        return outputs, scores
+
+    def compute_cache(self, value, key=None):
+        """Projected keys and values of a source, computed once.
+
+        Args:
+            value: tensor `(B, S, Dv)`.
+            key: tensor `(B, S, Dk)`. Defaults to `value`.
+
+        Returns:
+            Tensor `(B, 2, S, K, H)`: keys `[:, 0]`, values `[:, 1]`, for the
+            `cache` argument of `call`. Needs `key_dim == value_dim`.
+        """
+        key = value if key is None else key
+        if self._head_dim != self._value_head_dim:
+            raise ValueError(
+                f"{self._where()}: a cache needs `key_dim == value_dim`. "
+                f"Received: key_dim={self._head_dim}, "
+                f"value_dim={self._value_head_dim}"
+            )
+        key_heads, value_heads = self._project_key_value(key, value)
+        return ops.stack([key_heads, value_heads], axis=1)  # (B, 2, S, K, H)
+
+    def _check_pair(self, query_shape, value_shape, key_shape):
+        pairs = [
+            (query_shape[0], value_shape[0]),
+            (key_shape[0], value_shape[0]),
+            (key_shape[1], value_shape[1]),
+        ]
+        for a, b in pairs:
+            if a is not None and b is not None and a != b:
+                raise ValueError(
+                    f"{self._where()}: the batch sizes of `query`, `key` and "
+                    "`value` and the lengths of `key` and `value` must "
+                    f"match. Received: query.shape={tuple(query_shape)}, "
+                    f"value.shape={tuple(value_shape)}, "
+                    f"key.shape={tuple(key_shape)}"
+                )

@@ -1,0 +1,271 @@
+"""The multi-head core shared by self- and cross-attention.
+
+Shape legend: B batch, T query length, S key/value length, D model dim,
+N query heads, K key/value heads, H head dim, V value head dim.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import functional
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
+
+
+def _positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+class MultiHeadCore(keras.layers.Layer):
+    """Projections to heads, attention through `functional`, output mix.
+
+    $$\\operatorname{MultiHead}(Q, K, V) =
+    \\operatorname{Concat}(\\text{head}_1, \\dots, \\text{head}_N) W^O,
+    \\quad \\text{head}_n = \\operatorname{Attention}(Q W^Q_n, K W^K_n,
+    V W^V_n)$$
+
+    Not used directly: `MultiHeadSelfAttention` and `CrossAttention` add
+    their call signatures. The projection kernels have the shapes of
+    `keras.layers.MultiHeadAttention` (`(D, N, H)` for queries, `(N, V, D)`
+    for the output), so weights can be copied between the two.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        num_key_value_heads: int | None = None,
+        use_rotary: bool = False,
+        max_wavelength: float = 10000.0,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.num_key_value_heads = num_key_value_heads
+        self.use_rotary = use_rotary
+        self.max_wavelength = max_wavelength
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self._validate_arguments()
+        self.supports_masking = True
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "num_key_value_heads": self.num_key_value_heads,
+                "use_rotary": self.use_rotary,
+                "max_wavelength": self.max_wavelength,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config
+
+    @property
+    def kv_heads(self) -> int:
+        """K, the number of key/value heads."""
+        return self.num_key_value_heads or self.num_heads
+
+    def _where(self):
+        return f"{type(self).__name__} (layer '{self.name}')"
+
+    def _validate_arguments(self):
+        checks = [
+            ("num_heads", self.num_heads, _positive_int(self.num_heads)),
+            (
+                "key_dim",
+                self.key_dim,
+                self.key_dim is None or _positive_int(self.key_dim),
+            ),
+            (
+                "value_dim",
+                self.value_dim,
+                self.value_dim is None or _positive_int(self.value_dim),
+            ),
+            (
+                "num_key_value_heads",
+                self.num_key_value_heads,
+                self.num_key_value_heads is None
+                or _positive_int(self.num_key_value_heads),
+            ),
+        ]
+        for name, value, ok in checks:
+            if not ok:
+                raise ValueError(
+                    f"{self._where()}: `{name}` must be a positive integer. "
+                    f"Received: {name}={value!r}"
+                )
+        if self.num_heads % self.kv_heads:
+            raise ValueError(
+                f"{self._where()}: `num_heads` must be a multiple of "
+                "`num_key_value_heads`. Received: "
+                f"num_heads={self.num_heads}, "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(
+                f"{self._where()}: `dropout` must be in [0, 1). "
+                f"Received: dropout={self.dropout}"
+            )
+
+    def _build_heads(self, query_shape, key_shape, value_shape):
+        """Creates the projections for inputs of the given shapes."""
+        for name, shape in (
+            ("query", query_shape),
+            ("key", key_shape),
+            ("value", value_shape),
+        ):
+            if len(shape) != 3 or shape[-1] is None:
+                raise ValueError(
+                    f"{self._where()}: `{name}` must be (B, T, D) with a "
+                    f"known D. Received: {name}.shape={tuple(shape)}"
+                )
+        model_dim = query_shape[-1]
+        if self.key_dim is None and model_dim % self.num_heads:
+            raise ValueError(
+                f"{self._where()}: the model dim must be divisible by "
+                "`num_heads` when `key_dim` is not given. Received: "
+                f"query.shape={tuple(query_shape)}, num_heads={self.num_heads}"
+            )
+        self._head_dim = self.key_dim or model_dim // self.num_heads
+        self._value_head_dim = self.value_dim or self._head_dim
+        if self.use_rotary and self._head_dim % 2:
+            raise ValueError(
+                f"{self._where()}: `use_rotary=True` needs an even head dim. "
+                f"Received: key_dim={self._head_dim}"
+            )
+        n, k = self.num_heads, self.kv_heads
+        h, v = self._head_dim, self._value_head_dim
+        self.query_dense = self._einsum(
+            "btd,dnh->btnh", (None, n, h), "nh", "query_dense", query_shape
+        )
+        self.key_dense = self._einsum(
+            "bsd,dkh->bskh", (None, k, h), "kh", "key_dense", key_shape
+        )
+        self.value_dense = self._einsum(
+            "bsd,dkv->bskv", (None, k, v), "kv", "value_dense", value_shape
+        )
+        self.output_dense = self._einsum(
+            "btnv,nvd->btd",
+            (None, model_dim),
+            "d",
+            "output_dense",
+            (None, None, n, v),
+        )
+        if self.use_rotary:
+            self.rotary_embedding = RotaryEmbedding(
+                self.max_wavelength,
+                dtype=self.dtype_policy,
+                name="rotary_embedding",
+            )
+        self.attention_dropout = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name="attention_dropout"
+        )
+
+    def _einsum(self, equation, output_shape, bias_axes, name, input_shape):
+        layer = keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        # Masks are handled by this layer; the projections only pass the
+        # implicit Keras mask along instead of warning that they drop it.
+        layer.supports_masking = True
+        layer.build(input_shape)
+        return layer
+
+    def _project_query(self, query, start_index=0):
+        heads = self.query_dense(query)  # (B, T, N, H)
+        if self.use_rotary:
+            heads = self.rotary_embedding(heads, start_index=start_index)
+        return heads
+
+    def _project_key_value(self, key, value, start_index=0):
+        key_heads = self.key_dense(key)  # (B, S, K, H)
+        if self.use_rotary:
+            key_heads = self.rotary_embedding(
+                key_heads, start_index=start_index
+            )
+        return key_heads, self.value_dense(value)  # (B, S, K, V)
+
+    def _attend(
+        self,
+        query_heads,
+        key_heads,
+        value_heads,
+        mask=None,
+        is_causal=False,
+        return_attention_scores=False,
+        training=None,
+    ):
+        """Attention over heads and the output projection.
+
+        Returns `(outputs, scores)`, scores `(B, N, T, S)` or `None`.
+        """
+        scores = None
+        if self.dropout > 0 and training:
+            if is_causal:
+                causal = functional.causal_mask(
+                    ops.shape(query_heads)[1], ops.shape(key_heads)[1]
+                )
+                mask = functional.merge_masks(mask, causal)
+            scores = functional.attention_weights(
+                query_heads, key_heads, mask
+            )  # (B, N, T, S)
+            dropped = self.attention_dropout(scores, training=training)
+            heads = functional.attend(dropped, value_heads)  # (B, T, N, V)
+        elif return_attention_scores:
+            heads, scores = functional.scaled_dot_product_attention(
+                query_heads,
+                key_heads,
+                value_heads,
+                mask=mask,
+                is_causal=is_causal,
+                return_attention_scores=True,
+            )
+        else:
+            heads = functional.scaled_dot_product_attention(
+                query_heads,
+                key_heads,
+                value_heads,
+                mask=mask,
+                is_causal=is_causal,
+            )  # (B, T, N, V)
+        return self.output_dense(heads), scores  # (B, T, D)
+
+    def _check_mask(self, name, mask, expected):
+        """Static check that `mask` has the rank and dims of `expected`."""
+        if mask is None:
+            return
+        shape = tuple(mask.shape)
+        ok = len(shape) == len(expected) and all(
+            a is None or b is None or a == b
+            for a, b in zip(shape, expected, strict=True)
+        )
+        if not ok:
+            raise ValueError(
+                f"{self._where()}: `{name}` must have shape {expected}. "
+                f"Received: {name}.shape={shape}"
+            )

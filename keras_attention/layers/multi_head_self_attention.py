@@ -1,0 +1,262 @@
+"""Multi-head self-attention with masks, a KV cache and grouped-query heads.
+
+Shape legend: B batch, T query length, S key length (S_max: cache length),
+D model dim, N query heads, K key/value heads, H head dim.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention import functional
+from keras_attention.layers.multi_head_core import MultiHeadCore
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class MultiHeadSelfAttention(MultiHeadCore):
+    """Multi-head attention of a sequence over itself (seed 002).
+
+    Every position produces a query, a key and a value per head; each head
+    computes scaled dot-product attention and the heads are concatenated
+    and mixed by an output projection:
+
+    $$\\text{head}_n = \\operatorname{softmax}\\left(
+    \\frac{X W^Q_n (X W^K_n)^\\top}{\\sqrt{H}} + M\\right) X W^V_n,
+    \\quad Y = [\\text{head}_1; \\dots; \\text{head}_N] W^O$$
+
+    where the mask `M` hides padding, the future (`use_causal_mask`) or
+    any pattern given as `attention_mask`. With `num_key_value_heads=K <
+    N` groups of `N / K` query heads share one key/value head
+    (grouped-query attention; `K = 1` is multi-query attention). With
+    `use_rotary=True` queries and keys are rotated by `RotaryEmbedding`.
+
+    For incremental decoding pass a `cache` of keys and values and the
+    position `cache_index` of the first new token: the new keys/values are
+    written into the cache, the queries attend over it, and the layer
+    returns the updated cache too. Outputs equal the full causal
+    computation.
+
+    Args:
+        num_heads: int. Number of query heads N.
+        key_dim: int. Head dim H of queries and keys. Defaults to
+            `D // num_heads` (then D must be divisible by N).
+        value_dim: int. Head dim of values. Defaults to `key_dim`.
+        dropout: float. Dropout rate on the attention weights during
+            training. Defaults to `0.0`.
+        use_bias: bool. Biases in the projections. Defaults to `True`.
+        num_key_value_heads: int. Number K of key/value heads, a divisor of
+            `num_heads`. Defaults to `num_heads`.
+        use_rotary: bool. Rotary position embedding of queries and keys.
+            Defaults to `False`.
+        max_wavelength: float. Longest rotary wavelength. Defaults to
+            `10000.0`.
+        kernel_initializer: str or initializer. Defaults to
+            `"glorot_uniform"`.
+        bias_initializer: str or initializer. Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: tensor `(B, T, D)`.
+        padding_mask: boolean tensor `(B, T)` (`(B, S_max)` with a cache),
+            `True` for real tokens; padded keys get zero weight. Defaults to
+            the Keras mask of `inputs`.
+        attention_mask: boolean tensor `(B, T, S)`, `True` = attend.
+        use_causal_mask: bool. Hide the keys after each query.
+        return_attention_scores: bool. Also return the weights
+            `(B, N, T, S)`.
+        cache: tensor `(B, 2, S_max, K, H)`: keys `[:, 0]` and values
+            `[:, 1]` of the previous steps. Needs `key_dim == value_dim`.
+        cache_index: int or scalar int tensor. Position of the first token
+            of `inputs` in the cache.
+        training: bool. Whether dropout is active.
+        mask, inputs_mask: the implicit Keras mask of `inputs`, filled in by
+            Keras; not passed by hand.
+
+    Returns:
+        `outputs` `(B, T, D)`; `(outputs, scores)` with
+        `return_attention_scores`; `(outputs, new_cache)` or
+        `(outputs, scores, new_cache)` with a `cache`.
+
+    Examples:
+        >>> import numpy as np
+        >>> layer = MultiHeadSelfAttention(num_heads=4)
+        >>> x = np.random.rand(2, 6, 32).astype("float32")
+        >>> tuple(layer(x, use_causal_mask=True).shape)
+        (2, 6, 32)
+
+        Incremental decoding with a cache of 8 positions:
+
+        >>> cache = np.zeros((2, 2, 8, 4, 8), "float32")   # (B,2,S_max,K,H)
+        >>> step, cache = layer(x[:, :1], cache=cache, cache_index=0)
+        >>> tuple(step.shape), tuple(cache.shape)
+        ((2, 1, 32), (2, 2, 8, 4, 8))
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017. Ainslie et al.,
+        "GQA: Training Generalized Multi-Query Transformer Models from
+        Multi-Head Checkpoints", 2023.
+    """
+
+    def build(self, inputs_shape):
+        self._build_heads(inputs_shape, inputs_shape, inputs_shape)
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        cache=None,
+        cache_index=None,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        if cache is not None:
+            return self._call_cached(
+                inputs,
+                cache,
+                cache_index,
+                padding_mask,
+                attention_mask,
+                use_causal_mask,
+                return_attention_scores,
+                training,
+            )
+        if padding_mask is None:
+            padding_mask = mask if mask is not None else inputs_mask
+        batch, length = inputs.shape[0], inputs.shape[1]
+        self._check_mask("padding_mask", padding_mask, (batch, length))
+        self._check_mask(
+            "attention_mask", attention_mask, (batch, length, length)
+        )
+        full_mask = functional.merge_masks(
+            functional.padding_to_attention_mask(padding_mask),
+            attention_mask,
+        )  # (B, T, T)
+        query = self._project_query(inputs)
+        key, value = self._project_key_value(inputs, inputs)
+        outputs, scores = self._attend(
+            query,
+            key,
+            value,
+            full_mask,
+            is_causal=use_causal_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )
+        if return_attention_scores:
+            return outputs, scores
+        return outputs
+
+    def compute_output_spec(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        cache=None,
+        cache_index=None,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        batch, length = inputs.shape[0], inputs.shape[1]
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        key_length = length if cache is None else cache.shape[2]
+        scores = keras.KerasTensor(
+            (batch, self.num_heads, length, key_length),
+            dtype=self.compute_dtype,
+        )
+        result = (outputs, scores) if return_attention_scores else (outputs,)
+        if cache is not None:
+            result = (*result, keras.KerasTensor(cache.shape, cache.dtype))
+        return result[0] if len(result) == 1 else result
+
+    def _call_cached(
+        self,
+        inputs,
+        cache,
+        cache_index,
+        padding_mask,
+        attention_mask,
+        use_causal_mask,
+        return_attention_scores,
+        training,
+    ):
+        self._check_cache(inputs, cache, cache_index)
+        batch, length = inputs.shape[0], inputs.shape[1]
+        max_length = cache.shape[2]
+        self._check_mask("padding_mask", padding_mask, (batch, max_length))
+        self._check_mask(
+            "attention_mask", attention_mask, (batch, length, max_length)
+        )
+        query = self._project_query(inputs, start_index=cache_index)
+        key, value = self._project_key_value(
+            inputs, inputs, start_index=cache_index
+        )  # (B, T, K, H)
+        update = ops.stack([key, value], axis=1)  # (B, 2, T, K, H)
+        cache = ops.slice_update(
+            cache, (0, 0, cache_index, 0, 0), ops.cast(update, cache.dtype)
+        )  # (B, 2, S_max, K, H)
+        # Slots after the new tokens hold no keys yet: always hidden.
+        written = functional.causal_mask(
+            ops.shape(inputs)[1], max_length, offset=cache_index
+        )  # (T, S_max)
+        if not use_causal_mask:
+            last = cache_index + ops.shape(inputs)[1]
+            written = ops.expand_dims(ops.arange(max_length) < last, 0)
+        full_mask = functional.merge_masks(
+            written,
+            functional.padding_to_attention_mask(padding_mask),
+            attention_mask,
+        )
+        outputs, scores = self._attend(
+            query,
+            ops.cast(cache[:, 0], query.dtype),
+            ops.cast(cache[:, 1], query.dtype),
+            full_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )
+        if return_attention_scores:
+            return outputs, scores, cache
+        return outputs, cache
+
+    def _check_cache(self, inputs, cache, cache_index):
+        expected = (
+            inputs.shape[0],
+            2,
+            None,
+            self.kv_heads,
+            self._head_dim,
+        )
+        self._check_mask("cache", cache, expected)
+        if self._head_dim != self._value_head_dim:
+            raise ValueError(
+                f"{self._where()}: a cache needs `key_dim == value_dim`. "
+                f"Received: key_dim={self._head_dim}, "
+                f"value_dim={self._value_head_dim}"
+            )
+        if cache_index is None:
+            raise ValueError(
+                f"{self._where()}: `cache_index` (the position of the first "
+                "new token) is required with `cache`. Received: "
+                "cache_index=None"
+            )
+        length, max_length = inputs.shape[1], cache.shape[2]
+        if (
+            isinstance(cache_index, int)
+            and length is not None
+            and max_length is not None
+            and not 0 <= cache_index <= max_length - length
+        ):
+            raise ValueError(
+                f"{self._where()}: tokens {cache_index}..."
+                f"{cache_index + length - 1} do not fit a cache of "
+                f"{max_length} positions. Received: cache_index={cache_index}, "
+                f"inputs.shape={tuple(inputs.shape)}, "
+                f"cache.shape={tuple(cache.shape)}"
+            )

@@ -1,0 +1,107 @@
+"""A learned position embedding.
+
+Shape legend: B batch, T sequence length, D model dim, L max length.
+"""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned embedding of each position to a sequence.
+
+    $$x'_p = x_p + E_p, \\quad E \\in \\mathbb{R}^{L \\times D}$$
+
+    The alternative to `PositionalEncoding` used by BERT and GPT-2: one
+    trainable vector per position up to `max_length`.
+
+    Args:
+        max_length: int. The number of positions `L` that have a vector.
+        initializer: str or initializer. Initializer of `E`. Defaults to
+            `"glorot_uniform"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: tensor `(B, T, D)`.
+        start_index: int or scalar int tensor. The position of the first
+            step, for incremental decoding. Defaults to `0`;
+            `start_index + T` must not exceed `max_length`.
+
+    Returns:
+        `inputs + E[start_index : start_index + T]`, shape `(B, T, D)`.
+        The Keras mask of `inputs` is passed on.
+
+    Examples:
+        >>> import numpy as np
+        >>> layer = PositionEmbedding(max_length=16)
+        >>> tuple(layer(np.zeros((2, 5, 8), "float32")).shape)
+        (2, 5, 8)
+
+    References:
+        Devlin et al., "BERT: Pre-training of Deep Bidirectional
+        Transformers for Language Understanding", 2019.
+    """
+
+    def __init__(self, max_length: int, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if (
+            not isinstance(max_length, int)
+            or isinstance(max_length, bool)
+            or max_length < 1
+        ):
+            raise ValueError(
+                f"PositionEmbedding (layer '{self.name}'): `max_length` must "
+                f"be a positive integer. Received: max_length={max_length!r}"
+            )
+        self.max_length = max_length
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                f"PositionEmbedding (layer '{self.name}'): `inputs` must be "
+                "(B, T, D) with a known D. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.max_length, inputs_shape[-1]),
+            initializer=self.initializer,
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        length = inputs.shape[1]
+        if (
+            length is not None
+            and isinstance(start_index, int)
+            and start_index + length > self.max_length
+        ):
+            raise ValueError(
+                f"PositionEmbedding (layer '{self.name}'): positions "
+                f"{start_index}..{start_index + length - 1} exceed "
+                f"max_length={self.max_length}. Received: "
+                f"inputs.shape={tuple(inputs.shape)}, start_index={start_index}"
+            )
+        length = ops.shape(inputs)[1]
+        positions = ops.slice(
+            ops.convert_to_tensor(self.embeddings),
+            (start_index, 0),
+            (length, inputs.shape[-1]),
+        )  # (T, D)
+        return inputs + ops.cast(positions, inputs.dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_length": self.max_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config

@@ -1,0 +1,96 @@
+"""Rotary position embedding (RoPE).
+
+Shape legend: B batch, T sequence length, N heads, H head dim.
+"""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class RotaryEmbedding(keras.layers.Layer):
+    """Rotates query/key features by angles proportional to the position.
+
+    Feature `i` of the first half and feature `i + H/2` of the second half
+    form a pair that is rotated at position `p` by the angle
+    `p · θ_i`, `θ_i = m^{-2i/H}` (`m = max_wavelength`):
+
+    $$\\begin{pmatrix} x'_i \\\\ x'_{i+H/2} \\end{pmatrix} =
+    \\begin{pmatrix} \\cos p\\theta_i & -\\sin p\\theta_i \\\\
+    \\sin p\\theta_i & \\cos p\\theta_i \\end{pmatrix}
+    \\begin{pmatrix} x_i \\\\ x_{i+H/2} \\end{pmatrix}$$
+
+    Rotations compose, so the product of a rotated query at position `p`
+    and a rotated key at position `r` depends only on `p - r`: attention
+    becomes relative. This is the half-split pairing of GPT-NeoX, LLaMA and
+    keras-hub. Used by the attention layers with `use_rotary=True`.
+
+    Args:
+        max_wavelength: float. The longest wavelength `m`. Defaults to
+            `10000.0`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: tensor `(B, T, H)` or `(B, T, N, H)` with even `H`.
+        start_index: int or scalar int tensor. The position of the first
+            step, for incremental decoding. Defaults to `0`.
+
+    Returns:
+        The rotated tensor, same shape and dtype.
+
+    Examples:
+        >>> import numpy as np
+        >>> rope = RotaryEmbedding()
+        >>> q = np.random.rand(1, 6, 2, 8).astype("float32")
+        >>> tuple(rope(q, start_index=3).shape)
+        (1, 6, 2, 8)
+
+    References:
+        Su et al., "RoFormer: Enhanced Transformer with Rotary Position
+        Embedding", 2021.
+    """
+
+    def __init__(self, max_wavelength: float = 10000.0, **kwargs):
+        super().__init__(**kwargs)
+        if max_wavelength <= 0:
+            raise ValueError(
+                f"RotaryEmbedding (layer '{self.name}'): `max_wavelength` "
+                f"must be positive. Received: max_wavelength={max_wavelength}"
+            )
+        self.max_wavelength = max_wavelength
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        dim = inputs_shape[-1]
+        if len(inputs_shape) not in (3, 4) or dim is None or dim % 2:
+            raise ValueError(
+                f"RotaryEmbedding (layer '{self.name}'): `inputs` must be "
+                "(B, T, H) or (B, T, N, H) with a known, even H. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        length, dim = ops.shape(inputs)[1], inputs.shape[-1]
+        positions = ops.cast(ops.arange(length), "float32") + ops.cast(
+            start_index, "float32"
+        )  # (T,)
+        exponents = ops.arange(0, dim, 2, dtype="float32") / dim  # (H/2,)
+        inverse = ops.power(float(self.max_wavelength), -exponents)
+        angles = ops.einsum("t,i->ti", positions, inverse)  # (T, H/2)
+        angles = ops.concatenate([angles, angles], axis=-1)  # (T, H)
+        if len(inputs.shape) == 4:
+            angles = ops.expand_dims(angles, 1)  # (T, 1, H)
+        cos = ops.cast(ops.cos(angles), inputs.dtype)
+        sin = ops.cast(ops.sin(angles), inputs.dtype)
+        first, second = ops.split(inputs, 2, axis=-1)
+        rotated_half = ops.concatenate([-second, first], axis=-1)
+        return inputs * cos + rotated_half * sin
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config["max_wavelength"] = self.max_wavelength
+        return config

@@ -1,0 +1,163 @@
+"""What the Transformer encoder and decoder blocks share: arguments,
+residual sublayers with LayerNorm, and the position-wise feed-forward net.
+
+Shape legend: B batch, T sequence length, D model dim, F intermediate dim.
+"""
+
+import keras
+
+from keras_attention.layers.multi_head_core import _positive_int
+from keras_attention.layers.multi_head_self_attention import (
+    MultiHeadSelfAttention,
+)
+
+
+class TransformerBlockBase(keras.layers.Layer):
+    """Residual sublayers `x + Dropout(f(x))` with post- or pre-LayerNorm.
+
+    Post-LN (the original Transformer): `LN(x + Dropout(f(x)))`. Pre-LN
+    (`normalize_first=True`): `x + Dropout(f(LN(x)))`. The feed-forward
+    net is `W_2 act(W_1 x + b_1) + b_2`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        intermediate_dim: int,
+        key_dim: int | None = None,
+        dropout: float = 0.0,
+        activation="relu",
+        layer_norm_epsilon: float = 1e-5,
+        normalize_first: bool = False,
+        num_key_value_heads: int | None = None,
+        use_rotary: bool = False,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not _positive_int(intermediate_dim):
+            raise ValueError(
+                f"{type(self).__name__} (layer '{self.name}'): "
+                "`intermediate_dim` must be a positive integer. "
+                f"Received: intermediate_dim={intermediate_dim!r}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(
+                f"{type(self).__name__} (layer '{self.name}'): `dropout` "
+                f"must be in [0, 1). Received: dropout={dropout}"
+            )
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.key_dim = key_dim
+        self.dropout = dropout
+        self.activation = keras.activations.get(activation)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.normalize_first = normalize_first
+        self.num_key_value_heads = num_key_value_heads
+        self.use_rotary = use_rotary
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+        # Built now so that bad head arguments fail at construction.
+        self.self_attention = MultiHeadSelfAttention(
+            num_heads,
+            key_dim=key_dim,
+            dropout=dropout,
+            num_key_value_heads=num_key_value_heads,
+            use_rotary=use_rotary,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name="self_attention",
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "intermediate_dim": self.intermediate_dim,
+                "key_dim": self.key_dim,
+                "dropout": self.dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "normalize_first": self.normalize_first,
+                "num_key_value_heads": self.num_key_value_heads,
+                "use_rotary": self.use_rotary,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config
+
+    def _check_inputs_shape(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                f"{type(self).__name__} (layer '{self.name}'): `inputs` must "
+                "be (B, T, D) with a known D. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+
+    def _build_residual(self, name, inputs_shape):
+        """A LayerNorm and a Dropout for the residual sublayer `name`."""
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon,
+            dtype=self.dtype_policy,
+            name=f"{name}_norm",
+        )
+        norm.build(inputs_shape)
+        dropout = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name=f"{name}_dropout"
+        )
+        setattr(self, f"{name}_norm", norm)
+        setattr(self, f"{name}_dropout", dropout)
+
+    def _build_feedforward(self, inputs_shape):
+        self.feedforward_intermediate_dense = self._dense(
+            self.intermediate_dim,
+            self.activation,
+            "feedforward_intermediate_dense",
+            inputs_shape,
+        )
+        self.feedforward_output_dense = self._dense(
+            inputs_shape[-1],
+            None,
+            "feedforward_output_dense",
+            (*inputs_shape[:-1], self.intermediate_dim),
+        )
+        self._build_residual("feedforward", inputs_shape)
+
+    def _dense(self, units, activation, name, inputs_shape):
+        layer = keras.layers.Dense(
+            units,
+            activation=activation,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        layer.build(inputs_shape)
+        return layer
+
+    def _residual(self, name, x, sublayer, training):
+        """`x + Dropout(sublayer(x))` with the block's LayerNorm placement.
+
+        `sublayer` returns `(y, extra)`; returns `(x', extra)`.
+        """
+        norm = getattr(self, f"{name}_norm")
+        dropout = getattr(self, f"{name}_dropout")
+        y, extra = sublayer(norm(x) if self.normalize_first else x)
+        x = x + dropout(y, training=training)
+        return (x if self.normalize_first else norm(x)), extra
+
+    def _feedforward(self, x, training):
+        def feedforward(y):
+            hidden = self.feedforward_intermediate_dense(y)  # (B, T, F)
+            return self.feedforward_output_dense(hidden), None  # (B, T, D)
+
+        return self._residual("feedforward", x, feedforward, training)[0]

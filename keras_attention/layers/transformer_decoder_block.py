@@ -1,0 +1,299 @@
+"""The Transformer decoder block, also decoder-only (GPT-style).
+
+Shape legend: B batch, T target length, S source length, S_max cache length,
+D model dim, N heads, K key/value heads, H head dim.
+"""
+
+import keras
+
+from keras_attention.layers.cross_attention import CrossAttention
+from keras_attention.layers.transformer_block_base import TransformerBlockBase
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerDecoderBlock(TransformerBlockBase):
+    """Causal self-attention, optional cross-attention, feed-forward net.
+
+    The decoder layer of the Transformer (seed 002), each sublayer residual
+    with post-LN by default (`normalize_first=True` for pre-LN):
+
+    $$Z_1 = \\operatorname{LN}(Y + \\operatorname{MaskedMultiHead}(Y)),
+    \\quad Z_2 = \\operatorname{LN}(Z_1 + \\operatorname{MultiHead}(Z_1,
+    X_{enc})), \\quad O = \\operatorname{LN}(Z_2 + \\operatorname{FFN}(Z_2))$$
+
+    Called without `encoder_outputs` on its first call, the block has no
+    cross-attention: a decoder-only (GPT-style) block.
+
+    For incremental decoding, `init_cache` makes the cache: the keys and
+    values of the self-attention (filled step by step) and, with an
+    encoder, the projected encoder keys and values (computed once per
+    source). Each call with `cache` and `cache_index` returns the updated
+    cache as well; outputs equal the full causal computation.
+
+    Args:
+        num_heads: int. Number of attention heads N.
+        intermediate_dim: int. Hidden size of the feed-forward net.
+        key_dim: int. Head dim. Defaults to `D // num_heads`.
+        dropout: float. Dropout rate. Defaults to `0.0`.
+        activation: str or callable. Feed-forward activation. Defaults to
+            `"relu"`.
+        layer_norm_epsilon: float. Defaults to `1e-5`.
+        normalize_first: bool. Pre-LN instead of post-LN. Defaults to
+            `False`.
+        num_key_value_heads: int. Key/value heads for grouped-query
+            attention. Defaults to `num_heads`.
+        use_rotary: bool. Rotary position embedding in the self-attention.
+            Defaults to `False`.
+        kernel_initializer: str or initializer. Defaults to
+            `"glorot_uniform"`.
+        bias_initializer: str or initializer. Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: tensor `(B, T, D)`, the target sequence.
+        encoder_outputs: tensor `(B, S, De)` or `None`.
+        padding_mask: boolean tensor `(B, T)` (`(B, S_max)` with a cache).
+            Defaults to the Keras mask of `inputs`.
+        encoder_padding_mask: boolean tensor `(B, S)`. Defaults to the
+            Keras mask of `encoder_outputs`.
+        attention_mask: boolean tensor `(B, T, T)` for the self-attention.
+        use_causal_mask: bool. Defaults to `True`.
+        cache: the dict of `init_cache`, or for a decoder-only block just
+            its self-attention cache tensor `(B, 2, S_max, K, H)`.
+        cache_index: int or scalar int tensor. Position of the first token
+            of `inputs`.
+        return_attention_scores: bool. Also return the weights as a dict
+            `{"self": (B, N, T, T), "cross": (B, N, T, S)}`.
+        training: bool. Whether dropout is active.
+        mask, inputs_mask, encoder_outputs_mask: implicit Keras masks,
+            filled in by Keras.
+
+    Returns:
+        `outputs` `(B, T, D)`, followed by the scores dict if asked and the
+        updated cache if one was given.
+
+    Examples:
+        >>> import numpy as np
+        >>> block = TransformerDecoderBlock(num_heads=2, intermediate_dim=32)
+        >>> target = np.random.rand(2, 5, 16).astype("float32")
+        >>> source = np.random.rand(2, 7, 16).astype("float32")
+        >>> out, scores = block(target, source, return_attention_scores=True)
+        >>> tuple(scores["self"].shape), tuple(scores["cross"].shape)
+        ((2, 2, 5, 5), (2, 2, 5, 7))
+
+        Step-by-step decoding with a cache:
+
+        >>> cache = block.init_cache(2, max_length=5, encoder_outputs=source)
+        >>> step, cache = block(target[:, :1], cache=cache, cache_index=0)
+        >>> tuple(step.shape)
+        (2, 1, 16)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017.
+    """
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        self._check_inputs_shape(inputs_shape)
+        self.self_attention.build(inputs_shape)
+        self._build_residual("self_attention", inputs_shape)
+        self.cross_attention = None
+        if encoder_outputs_shape is not None:
+            self.cross_attention = CrossAttention(
+                self.num_heads,
+                key_dim=self.key_dim,
+                dropout=self.dropout,
+                num_key_value_heads=self.num_key_value_heads,
+                kernel_initializer=self.kernel_initializer,
+                bias_initializer=self.bias_initializer,
+                dtype=self.dtype_policy,
+                name="cross_attention",
+            )
+            self.cross_attention.build(inputs_shape, encoder_outputs_shape)
+            self._build_residual("cross_attention", inputs_shape)
+        self._build_feedforward(inputs_shape)
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs=None,
+        padding_mask=None,
+        encoder_padding_mask=None,
+        attention_mask=None,
+        use_causal_mask: bool = True,
+        cache=None,
+        cache_index=None,
+        return_attention_scores: bool = False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+        encoder_outputs_mask=None,
+    ):
+        if padding_mask is None and cache is None:
+            padding_mask = mask if mask is not None else inputs_mask
+        if encoder_padding_mask is None:
+            encoder_padding_mask = encoder_outputs_mask
+        self_cache, cross_cache = self._split_cache(cache)
+        self._check_encoder(encoder_outputs, cross_cache)
+        scores = {}
+
+        def self_attention(x):
+            result = self.self_attention(
+                x,
+                padding_mask=padding_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                return_attention_scores=return_attention_scores,
+                cache=self_cache,
+                cache_index=cache_index,
+                training=training,
+            )
+            return _split_result(result, return_attention_scores, self_cache)
+
+        x, (scores["self"], self_cache) = self._residual(
+            "self_attention", inputs, self_attention, training
+        )
+        if self.cross_attention is not None:
+
+            def cross_attention(x):
+                result = self.cross_attention(
+                    x,
+                    encoder_outputs,
+                    value_mask=encoder_padding_mask,
+                    cache=cross_cache,
+                    return_attention_scores=return_attention_scores,
+                    training=training,
+                )
+                return result if return_attention_scores else (result, None)
+
+            x, scores["cross"] = self._residual(
+                "cross_attention", x, cross_attention, training
+            )
+        x = self._feedforward(x, training)
+        outputs = (x, scores) if return_attention_scores else (x,)
+        if cache is not None:
+            new_cache = self_cache
+            if isinstance(cache, dict):
+                new_cache = {**cache, "self": self_cache}
+            outputs = (*outputs, new_cache)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def compute_output_spec(
+        self,
+        inputs,
+        encoder_outputs=None,
+        padding_mask=None,
+        encoder_padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=True,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+        encoder_outputs_mask=None,
+    ):
+        batch, length = inputs.shape[0], inputs.shape[1]
+        outputs = [keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)]
+        self_cache, _ = self._split_cache(cache)
+        if return_attention_scores:
+            key_length = length if self_cache is None else self_cache.shape[2]
+            scores = {"self": (batch, self.num_heads, length, key_length)}
+            if self.cross_attention is not None:
+                source = encoder_outputs
+                if source is None:
+                    source_length = cache["cross"].shape[2]
+                else:
+                    source_length = source.shape[1]
+                scores["cross"] = (batch, self.num_heads, length, source_length)
+            outputs.append(
+                {
+                    k: keras.KerasTensor(v, dtype=self.compute_dtype)
+                    for k, v in scores.items()
+                }
+            )
+        if cache is not None:
+            outputs.append(
+                keras.tree.map_structure(
+                    lambda c: keras.KerasTensor(c.shape, c.dtype), cache
+                )
+            )
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def init_cache(
+        self, batch_size: int, max_length: int, encoder_outputs=None, dtype=None
+    ):
+        """A cache for incremental decoding of up to `max_length` tokens.
+
+        Args:
+            batch_size: int. B.
+            max_length: int. S_max, the number of positions in the cache.
+            encoder_outputs: tensor `(B, S, De)`, required when the block
+                has cross-attention: its keys and values are projected here,
+                once.
+            dtype: dtype of the cache. Defaults to the compute dtype.
+
+        Returns:
+            `{"self": zeros (B, 2, S_max, K, H)}` plus, with cross-attention,
+            `"cross": (B, 2, S, K, H)`.
+        """
+        attention = self.self_attention
+        if not attention.built:
+            raise ValueError(
+                f"{type(self).__name__} (layer '{self.name}'): call or build "
+                "the block before `init_cache`, so that its head sizes are "
+                "known. Received: an unbuilt block"
+            )
+        shape = (
+            batch_size,
+            2,
+            max_length,
+            attention.kv_heads,
+            attention._head_dim,
+        )
+        cache = {
+            "self": keras.ops.zeros(shape, dtype=dtype or self.compute_dtype)
+        }
+        if self.cross_attention is not None:
+            self._check_encoder(encoder_outputs, None)
+            cache["cross"] = self.cross_attention.compute_cache(encoder_outputs)
+        return cache
+
+    def _split_cache(self, cache):
+        if cache is None or not isinstance(cache, dict):
+            return cache, None
+        unknown = set(cache) - {"self", "cross"}
+        if "self" not in cache or unknown:
+            raise ValueError(
+                f"{type(self).__name__} (layer '{self.name}'): `cache` must "
+                "be the dict of `init_cache`, with keys 'self' and, for "
+                f"cross-attention, 'cross'. Received: keys {sorted(cache)}"
+            )
+        return cache["self"], cache.get("cross")
+
+    def _check_encoder(self, encoder_outputs, cross_cache):
+        has_source = encoder_outputs is not None or cross_cache is not None
+        has_cross = getattr(self, "cross_attention", None) is not None
+        if has_source != has_cross:
+            raise ValueError(
+                f"{type(self).__name__} (layer '{self.name}'): the block was "
+                "built "
+                + ("with" if has_cross else "without")
+                + " cross-attention (by its first call), so `encoder_outputs` "
+                "(or a cache with 'cross') must "
+                + ("" if has_cross else "not ")
+                + "be given. Received: encoder_outputs="
+                + ("None" if encoder_outputs is None else "a tensor")
+            )
+
+
+def _split_result(result, with_scores, cache):
+    """`(outputs, (scores, new_cache))` from a self-attention call."""
+    if cache is None and not with_scores:
+        return result, (None, None)
+    if cache is None:
+        return result[0], (result[1], None)
+    if not with_scores:
+        return result[0], (None, result[1])
+    return result[0], (result[1], result[2])

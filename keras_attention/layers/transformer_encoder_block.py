@@ -1,0 +1,126 @@
+"""The Transformer encoder block.
+
+Shape legend: B batch, T sequence length, D model dim, N heads.
+"""
+
+import keras
+
+from keras_attention.layers.transformer_block_base import TransformerBlockBase
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class TransformerEncoderBlock(TransformerBlockBase):
+    """Self-attention and a feed-forward net, each a residual sublayer.
+
+    The encoder layer of the Transformer (seed 002). With post-LN (the
+    default, as in the paper):
+
+    $$Z = \\operatorname{LN}(X + \\operatorname{MultiHead}(X, X, X)),
+    \\quad Y = \\operatorname{LN}(Z + \\operatorname{FFN}(Z))$$
+
+    and with `normalize_first=True` (pre-LN, more stable for deep stacks)
+    `Z = X + MultiHead(LN(X))`, `Y = Z + FFN(LN(Z))`, where
+    `FFN(z) = W_2 act(W_1 z + b_1) + b_2`. Dropout acts on the attention
+    weights and on both residual branches.
+
+    Args:
+        num_heads: int. Number of attention heads N.
+        intermediate_dim: int. Hidden size of the feed-forward net.
+        key_dim: int. Head dim. Defaults to `D // num_heads`.
+        dropout: float. Dropout rate. Defaults to `0.0`.
+        activation: str or callable. Feed-forward activation. Defaults to
+            `"relu"`.
+        layer_norm_epsilon: float. Defaults to `1e-5`.
+        normalize_first: bool. Pre-LN instead of post-LN. Defaults to
+            `False`.
+        num_key_value_heads: int. Key/value heads for grouped-query
+            attention. Defaults to `num_heads`.
+        use_rotary: bool. Rotary position embedding in the attention.
+            Defaults to `False`.
+        kernel_initializer: str or initializer. Defaults to
+            `"glorot_uniform"`.
+        bias_initializer: str or initializer. Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: tensor `(B, T, D)`.
+        padding_mask: boolean tensor `(B, T)`, `True` for real tokens.
+            Defaults to the Keras mask of `inputs`.
+        attention_mask: boolean tensor `(B, T, T)`, `True` = attend.
+        return_attention_scores: bool. Also return the weights
+            `(B, N, T, T)`.
+        training: bool. Whether dropout is active.
+        mask, inputs_mask: the implicit Keras mask, filled in by Keras.
+
+    Returns:
+        `(B, T, D)`, or `(outputs, scores)`.
+
+    Examples:
+        >>> import numpy as np
+        >>> block = TransformerEncoderBlock(num_heads=4, intermediate_dim=64)
+        >>> x = np.random.rand(2, 10, 32).astype("float32")
+        >>> padding = np.arange(10)[None, :] < np.array([[7], [10]])
+        >>> tuple(block(x, padding_mask=padding).shape)
+        (2, 10, 32)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017. Xiong et al.,
+        "On Layer Normalization in the Transformer Architecture", 2020.
+    """
+
+    def build(self, inputs_shape):
+        self._check_inputs_shape(inputs_shape)
+        self.self_attention.build(inputs_shape)
+        self._build_residual("self_attention", inputs_shape)
+        self._build_feedforward(inputs_shape)
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores: bool = False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        if padding_mask is None:
+            padding_mask = mask if mask is not None else inputs_mask
+
+        def self_attention(x):
+            result = self.self_attention(
+                x,
+                padding_mask=padding_mask,
+                attention_mask=attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            return result if return_attention_scores else (result, None)
+
+        x, scores = self._residual(
+            "self_attention", inputs, self_attention, training
+        )
+        x = self._feedforward(x, training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def compute_output_spec(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return outputs
+        batch, length = inputs.shape[0], inputs.shape[1]
+        scores = keras.KerasTensor(
+            (batch, self.num_heads, length, length), dtype=self.compute_dtype
+        )
+        return outputs, scores
