@@ -78,3 +78,19 @@ def gradient(fn, x):
     x = torch.tensor(x, requires_grad=True)
     fn(x).float().sum().backward()
     return x.grad.numpy()
+
+
+def np_rotary(x, start=0, max_wavelength=10000.0):
+    """Reference rotary embedding (half-split pairs) of `(B, T, [N,] H)`."""
+    x = np.asarray(x, "float64")
+    length, dim = x.shape[1], x.shape[-1]
+    positions = np.arange(length) + start
+    inverse = max_wavelength ** (-np.arange(0, dim, 2) / dim)
+    angles = positions[:, None] * inverse[None, :]  # (T, H/2)
+    if x.ndim == 4:
+        angles = angles[:, None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    first, second = x[..., : dim // 2], x[..., dim // 2 :]
+    return np.concatenate(
+        [first * cos - second * sin, second * cos + first * sin], axis=-1
+    )

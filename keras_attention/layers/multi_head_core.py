@@ -130,8 +130,8 @@ class MultiHeadCore(keras.layers.Layer):
         """Creates the projections for inputs of the given shapes."""
         for name, shape in (
             ("query", query_shape),
-            ("key", key_shape),
             ("value", value_shape),
+            ("key", key_shape),
         ):
             if len(shape) != 3 or shape[-1] is None:
                 raise ValueError(
