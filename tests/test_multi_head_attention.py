@@ -402,3 +402,89 @@ def test_cross_attention_bad_inputs():
         layer(data(), data(1, S), key=data(2, 4))
     with pytest.raises(ValueError, match=r"value.shape=\(2, 16\)"):
         CrossAttention(num_heads=2)(data(), np.zeros((2, 16), "float32"))
+
+
+# --- the layer contract ----------------------------------------------------
+
+CONTRACT_LAYERS = {
+    "self_gqa_rotary": lambda: MultiHeadSelfAttention(
+        4, num_key_value_heads=2, use_rotary=True, dropout=0.1
+    ),
+    "cross": lambda: CrossAttention(4, key_dim=6, value_dim=5),
+}
+
+
+def call_layer(layer, x, source, **kwargs):
+    if isinstance(layer, CrossAttention):
+        return layer(x, source, **kwargs)
+    return layer(x, use_causal_mask=True, **kwargs)
+
+
+@pytest.mark.parametrize("kind", CONTRACT_LAYERS)
+def test_config_round_trip(kind):
+    x, source = data(), data(1, S)
+    layer = CONTRACT_LAYERS[kind]()
+    want = to_numpy(call_layer(layer, x, source))
+    clone = layer.__class__.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    call_layer(clone, x, source)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(
+        to_numpy(call_layer(clone, x, source)), want, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("kind", CONTRACT_LAYERS)
+def test_symbolic_model_trains_saves_and_loads(kind, tmp_path):
+    x_in, source_in = keras.Input((T, D)), keras.Input((S, D))
+    layer = CONTRACT_LAYERS[kind]()
+    out, scores = call_layer(
+        layer, x_in, source_in, return_attention_scores=True
+    )
+    key_length = S if kind == "cross" else T
+    assert tuple(out.shape) == (None, T, D)
+    assert tuple(scores.shape) == (None, 4, T, key_length)
+    model = keras.Model([x_in, source_in], keras.layers.Dense(1)(out))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    x, source = data(), data(1, S)
+    target = np.ones((B, T, 1), "float32")
+    history = model.fit([x, source], target, epochs=10, batch_size=B, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    path = tmp_path / f"{kind}.keras"
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    np.testing.assert_array_equal(
+        to_numpy(restored([x, source])), to_numpy(model([x, source]))
+    )
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("kind", CONTRACT_LAYERS)
+def test_mixed_precision(kind, policy):
+    x, source = data(), data(1, S)
+    reference = CONTRACT_LAYERS[kind]()
+    want = to_numpy(call_layer(reference, x, source))
+    layer = reference.__class__.from_config(
+        {**reference.get_config(), "dtype": policy}
+    )
+    call_layer(layer, x, source)
+    layer.set_weights(reference.get_weights())
+    out, scores = call_layer(layer, x, source, return_attention_scores=True)
+    compute = policy.split("_")[1]
+    assert keras.backend.standardize_dtype(out.dtype) == compute
+    assert np.all(np.isfinite(to_numpy(scores)))
+    tolerance = 0.05 if compute == "float16" else 0.3
+    np.testing.assert_allclose(to_numpy(out), want, atol=tolerance)
+
+
+def test_implicit_mask_equals_explicit_padding_mask():
+    ids = np.array([[3, 4, 5, 0, 0, 0], [1, 2, 3, 4, 5, 6]])
+    tokens = keras.Input((T,), dtype="int32")
+    embed = keras.layers.Embedding(9, D, mask_zero=True, name="embed")
+    layer = MultiHeadSelfAttention(4, name="attention")
+    model = keras.Model(tokens, layer(embed(tokens)))
+    implicit = to_numpy(model(ids))
+    explicit = to_numpy(layer(embed(ids), padding_mask=ids != 0))
+    np.testing.assert_allclose(implicit, explicit, atol=1e-6)
+    unmasked = to_numpy(layer(embed(ids), padding_mask=np.ones_like(ids, bool)))
+    assert not np.allclose(implicit[0, :3], unmasked[0, :3])

@@ -10,15 +10,28 @@ import keras_attention
 from keras_attention import functional
 from keras_attention.layers import attention_mechanism
 from keras_attention.layers import bahdanau_attention
+from keras_attention.layers import cross_attention
 from keras_attention.layers import luong_attention
+from keras_attention.layers import multi_head_self_attention
+from keras_attention.layers import position_embedding
+from keras_attention.layers import positional_encoding
+from keras_attention.layers import rotary_embedding
+from keras_attention.layers import transformer_decoder_block
+from keras_attention.layers import transformer_encoder_block
 
-PUBLIC_NAMES = [
+LAYER_CLASSES = [
     "AttentionMechanism",
     "BahdanauAttention",
+    "CrossAttention",
     "LuongAttention",
-    "__version__",
-    "functional",
+    "MultiHeadSelfAttention",
+    "PositionEmbedding",
+    "PositionalEncoding",
+    "RotaryEmbedding",
+    "TransformerDecoderBlock",
+    "TransformerEncoderBlock",
 ]
+PUBLIC_NAMES = [*LAYER_CLASSES, "__version__", "functional"]
 PUBLIC_FUNCTIONS = [
     "additive_score",
     "attend",
@@ -31,12 +44,18 @@ PUBLIC_FUNCTIONS = [
     "padding_to_attention_mask",
     "scaled_dot_product_attention",
 ]
-LAYER_CLASSES = ["AttentionMechanism", "BahdanauAttention", "LuongAttention"]
 DOCTESTED_MODULES = [
     functional,
     attention_mechanism,
     bahdanau_attention,
     luong_attention,
+    multi_head_self_attention,
+    cross_attention,
+    positional_encoding,
+    position_embedding,
+    rotary_embedding,
+    transformer_encoder_block,
+    transformer_decoder_block,
 ]
 
 
