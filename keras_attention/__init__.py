@@ -6,6 +6,7 @@ JAX and PyTorch.
 """
 
 from keras_attention import functional as functional
+from keras_attention.layers import AttentionDecoder as AttentionDecoder
 from keras_attention.layers import AttentionMechanism as AttentionMechanism
 from keras_attention.layers import BahdanauAttention as BahdanauAttention
 from keras_attention.layers import CrossAttention as CrossAttention
@@ -25,6 +26,7 @@ from keras_attention.layers import (
 from keras_attention.version import __version__ as __version__
 
 __all__ = [
+    "AttentionDecoder",
     "AttentionMechanism",
     "BahdanauAttention",
     "CrossAttention",

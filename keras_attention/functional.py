@@ -173,6 +173,15 @@ def masked_softmax(logits, mask=None, axis=-1):
         [[0. 0.]
          [1. 0.]]
     """
+    if logits.shape[axis] == 1:
+        # One key: the weight is 1 where visible (and Keras's softmax would
+        # warn about a size-1 axis).
+        weights = ops.ones_like(logits)
+        if mask is None:
+            return weights
+        return ops.where(
+            ops.cast(mask, "bool"), weights, ops.zeros_like(logits)
+        )
     if mask is None:
         return ops.softmax(logits, axis=axis)
     mask = ops.cast(mask, "bool")

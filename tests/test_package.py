@@ -7,7 +7,10 @@ import keras
 import pytest
 
 import keras_attention
+from keras_attention import decoding
 from keras_attention import functional
+from keras_attention import visualization
+from keras_attention.layers import attention_decoder
 from keras_attention.layers import attention_mechanism
 from keras_attention.layers import bahdanau_attention
 from keras_attention.layers import cross_attention
@@ -19,7 +22,12 @@ from keras_attention.layers import rotary_embedding
 from keras_attention.layers import transformer_decoder_block
 from keras_attention.layers import transformer_encoder_block
 
+MODULE_FUNCTIONS = {
+    decoding: ["beam_search", "greedy_search", "sample"],
+    visualization: ["plot_attention"],
+}
 LAYER_CLASSES = [
+    "AttentionDecoder",
     "AttentionMechanism",
     "BahdanauAttention",
     "CrossAttention",
@@ -46,6 +54,9 @@ PUBLIC_FUNCTIONS = [
 ]
 DOCTESTED_MODULES = [
     functional,
+    decoding,
+    visualization,
+    attention_decoder,
     attention_mechanism,
     bahdanau_attention,
     luong_attention,
@@ -71,6 +82,23 @@ def test_public_api_is_pinned():
         and obj.__module__ == functional.__name__
     )
     assert public_functions == sorted(PUBLIC_FUNCTIONS)
+
+
+@pytest.mark.parametrize(
+    "module", MODULE_FUNCTIONS, ids=[m.__name__ for m in MODULE_FUNCTIONS]
+)
+def test_module_functions_are_pinned_and_documented(module):
+    public = sorted(
+        name
+        for name, obj in vars(module).items()
+        if inspect.isfunction(obj)
+        and not name.startswith("_")
+        and obj.__module__ == module.__name__
+    )
+    assert public == MODULE_FUNCTIONS[module]
+    for name in public:
+        doc = inspect.getdoc(getattr(module, name))
+        assert "Args:" in doc and "Returns:" in doc and "Examples:" in doc
 
 
 def test_version_is_single_sourced():

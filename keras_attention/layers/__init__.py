@@ -1,5 +1,8 @@
 """Keras layers of keras_attention."""
 
+from keras_attention.layers.attention_decoder import (
+    AttentionDecoder as AttentionDecoder,
+)
 from keras_attention.layers.attention_mechanism import (
     AttentionMechanism as AttentionMechanism,
 )

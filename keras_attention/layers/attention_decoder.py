@@ -1,0 +1,388 @@
+"""An RNN decoder with attention over the encoder states (seeds 000, 001).
+
+Shape legend: B batch, T target steps, S source length, E decoder input dim,
+De encoder dim, U cell units, A attentional state dim.
+"""
+
+import keras
+from keras import ops
+
+from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.luong_attention import LuongAttention
+
+_FLOWS = ("bahdanau", "luong")
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+class AttentionDecoder(keras.layers.Layer):
+    """Runs a Keras RNN cell over the target with attention at every step.
+
+    The fix for the encoder bottleneck (seed 001): instead of one fixed
+    context vector, every decoding step builds its own context `c_t` from
+    all encoder states `h_j`. Two flows are implemented.
+
+    `flow="bahdanau"` ("previous state"): score with the previous state,
+    then step the cell on the previous token and the context:
+
+    $$c_t = \\sum_j \\alpha_{t,j} h_j,\\ \\alpha_t = \\operatorname{softmax}
+    (\\operatorname{score}(s_{t-1}, h)),\\quad s_t = \\operatorname{RNN}
+    ([y_{t-1}; c_t], s_{t-1})$$
+
+    and the output is `s_t`. `flow="luong"` ("current state"): step the
+    cell first, score with the new state, and combine:
+
+    $$s_t = \\operatorname{RNN}([y_{t-1}; \\tilde s_{t-1}], s_{t-1}),\\
+    c_t = \\sum_j \\alpha_{t,j} h_j,\\ \\alpha_t = \\operatorname{softmax}
+    (\\operatorname{score}(s_t, h)),\\quad \\tilde s_t = \\tanh(W_c [c_t;
+    s_t])$$
+
+    and the output is the attentional state `s̃_t` (of size
+    `attention_dim`), fed to the next step's input when `input_feeding`.
+
+    The teacher-forced loop is a `keras.ops.scan`, so it compiles with the
+    rest of the model; the attention's key projections are computed once
+    per source sequence. Dropout inside the loop (cell dropout, attention
+    dropout) is not applied; put `Dropout` on the decoder's inputs and
+    outputs. For step-by-step inference use
+    `get_initial_state` and `step`, which `keras_attention.decoding` drives.
+
+    Args:
+        cell: a Keras RNN cell (`GRUCell`, `LSTMCell`, `SimpleRNNCell`, ...).
+        attention: an `AttentionMechanism` (`BahdanauAttention`,
+            `LuongAttention`).
+        flow: str. `"bahdanau"` or `"luong"`. Defaults to `"luong"` for a
+            `LuongAttention` and `"bahdanau"` otherwise.
+        attention_dim: int. Size A of `s̃_t` in the Luong flow. Defaults to
+            the cell's units.
+        input_feeding: bool. Luong flow: feed `s̃_{t-1}` with the input.
+            Defaults to `True`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: tensor `(B, T, E)`, the embedded previous target tokens
+            `y_{t-1}` (teacher forcing).
+        encoder_outputs: tensor `(B, S, De)`, the states `h_j`.
+        encoder_padding_mask: boolean tensor `(B, S)`. Defaults to the
+            Keras mask of `encoder_outputs`.
+        initial_state: list of cell state tensors, e.g. the encoder's final
+            state. Defaults to zeros.
+        return_attention_scores: bool. Also return the alignment history
+            `(B, T, S)`.
+        training: bool.
+
+    Returns:
+        Outputs `(B, T, U)` (Bahdanau) or `(B, T, A)` (Luong), and with
+        `return_attention_scores=True` the alignments `(B, T, S)`.
+
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> from keras_attention import BahdanauAttention
+        >>> decoder = AttentionDecoder(
+        ...     keras.layers.GRUCell(16), BahdanauAttention(units=8)
+        ... )
+        >>> targets = np.random.rand(2, 5, 4).astype("float32")
+        >>> encoded = np.random.rand(2, 7, 12).astype("float32")
+        >>> out, alignment = decoder(
+        ...     targets, encoded, return_attention_scores=True
+        ... )
+        >>> tuple(out.shape), tuple(alignment.shape)
+        ((2, 5, 16), (2, 5, 7))
+
+    References:
+        Bahdanau, Cho and Bengio, 2015; Luong, Pham and Manning, 2015.
+    """
+
+    def __init__(
+        self,
+        cell,
+        attention,
+        flow: str | None = None,
+        attention_dim: int | None = None,
+        input_feeding: bool = True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if isinstance(cell, dict):
+            cell = keras.layers.deserialize(cell)
+        if isinstance(attention, dict):
+            attention = keras.layers.deserialize(attention)
+        where = f"AttentionDecoder (layer '{self.name}')"
+        if not hasattr(cell, "state_size") or not callable(cell):
+            raise ValueError(
+                f"{where}: `cell` must be a Keras RNN cell such as "
+                f"keras.layers.GRUCell. Received: cell={cell!r}"
+            )
+        if not isinstance(attention, AttentionMechanism):
+            raise ValueError(
+                f"{where}: `attention` must be an AttentionMechanism such as "
+                f"BahdanauAttention. Received: attention={attention!r}"
+            )
+        if getattr(cell, "dropout", 0) or getattr(cell, "recurrent_dropout", 0):
+            raise ValueError(
+                f"{where}: cell dropout is not supported inside the decoding "
+                "loop; apply Dropout to the decoder inputs or outputs. "
+                f"Received: cell.dropout={cell.dropout}, "
+                f"cell.recurrent_dropout={cell.recurrent_dropout}"
+            )
+        if flow is None:
+            flow = (
+                "luong" if isinstance(attention, LuongAttention) else "bahdanau"
+            )
+        if flow not in _FLOWS:
+            raise ValueError(
+                f"{where}: `flow` must be one of {_FLOWS}. "
+                f"Received: flow={flow!r}"
+            )
+        if attention_dim is not None and (
+            not isinstance(attention_dim, int) or attention_dim < 1
+        ):
+            raise ValueError(
+                f"{where}: `attention_dim` must be a positive integer. "
+                f"Received: attention_dim={attention_dim!r}"
+            )
+        self.cell = cell
+        self.attention = attention
+        self.flow = flow
+        self.attention_dim = attention_dim
+        self.input_feeding = input_feeding
+        self.supports_masking = True
+
+    def build(self, inputs_shape, encoder_outputs_shape):
+        where = f"AttentionDecoder (layer '{self.name}')"
+        if len(inputs_shape) != 3 or len(encoder_outputs_shape) != 3:
+            raise ValueError(
+                f"{where}: `inputs` must be (B, T, E) and `encoder_outputs` "
+                f"(B, S, De). Received: inputs.shape={tuple(inputs_shape)}, "
+                f"encoder_outputs.shape={tuple(encoder_outputs_shape)}"
+            )
+        units = self._state_sizes()[0]
+        context_dim = encoder_outputs_shape[-1]
+        batch = inputs_shape[0]
+        if self.flow == "bahdanau":
+            cell_input_dim = inputs_shape[-1] + context_dim
+        else:
+            self._feed_dim = self.attention_dim or units
+            cell_input_dim = inputs_shape[-1] + (
+                self._feed_dim if self.input_feeding else 0
+            )
+            self.attention_projection = keras.layers.Dense(
+                self._feed_dim,
+                activation="tanh",
+                use_bias=False,
+                dtype=self.dtype_policy,
+                name="attention_projection",
+            )
+            self.attention_projection.build((batch, context_dim + units))
+        # Sublayers restored from a config arrive built.
+        if not self.cell.built:
+            self.cell.build((batch, cell_input_dim))
+        if not self.attention.built:
+            self.attention.build((batch, units), encoder_outputs_shape)
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs,
+        encoder_padding_mask=None,
+        initial_state=None,
+        return_attention_scores: bool = False,
+        training=None,
+        encoder_outputs_mask=None,
+    ):
+        if encoder_padding_mask is None:
+            encoder_padding_mask = encoder_outputs_mask
+        state = self.get_initial_state(
+            encoder_outputs, encoder_padding_mask, initial_state
+        )
+        keys = state.pop("keys")  # constant: kept out of the loop carry
+        batch, source_length = ops.shape(encoder_outputs)[:2]
+        # The step's outputs ride in the carry, which is also what is
+        # stacked: Keras's TensorFlow scan needs outputs shaped as the carry.
+        init = {
+            **state,
+            "output": ops.zeros((batch, self.output_dim), self.compute_dtype),
+            "alignment": ops.zeros((batch, source_length), self.compute_dtype),
+        }
+
+        def scan_step(carry, inputs_t):
+            state = {k: carry[k] for k in state_keys}
+            output, new_state, alignment = self.step(
+                inputs_t,
+                {**state, "keys": keys},
+                encoder_outputs,
+                encoder_padding_mask,
+                training=training,
+            )
+            new_state.pop("keys")
+            carry = {**new_state, "output": output, "alignment": alignment}
+            return carry, carry
+
+        state_keys = tuple(state)
+        steps = ops.transpose(inputs, (1, 0, 2))  # (T, B, E)
+        _, stacked = ops.scan(scan_step, init, steps)
+        outputs = ops.transpose(stacked["output"], (1, 0, 2))  # (B, T, U|A)
+        alignments = stacked["alignment"]  # (T, B, S)
+        if return_attention_scores:
+            return outputs, ops.transpose(alignments, (1, 0, 2))  # (B, T, S)
+        return outputs
+
+    def compute_output_spec(
+        self,
+        inputs,
+        encoder_outputs,
+        encoder_padding_mask=None,
+        initial_state=None,
+        return_attention_scores=False,
+        training=None,
+        encoder_outputs_mask=None,
+    ):
+        batch, length = inputs.shape[0], inputs.shape[1]
+        outputs = keras.KerasTensor(
+            (batch, length, self.output_dim), dtype=self.compute_dtype
+        )
+        if not return_attention_scores:
+            return outputs
+        alignments = keras.KerasTensor(
+            (batch, length, encoder_outputs.shape[1]), dtype=self.compute_dtype
+        )
+        return outputs, alignments
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "cell": keras.layers.serialize(self.cell),
+                "attention": keras.layers.serialize(self.attention),
+                "flow": self.flow,
+                "attention_dim": self.attention_dim,
+                "input_feeding": self.input_feeding,
+            }
+        )
+        return config
+
+    @property
+    def output_dim(self) -> int:
+        """The size of each output: the cell's units or `attention_dim`."""
+        if self.flow == "bahdanau":
+            return self._state_sizes()[0]
+        return self.attention_dim or self._state_sizes()[0]
+
+    def get_initial_state(
+        self, encoder_outputs, encoder_padding_mask=None, initial_state=None
+    ):
+        """The decoding state before the first step.
+
+        Projects the attention keys of `encoder_outputs` once; `step` reuses
+        them.
+
+        Args:
+            encoder_outputs: tensor `(B, S, De)`.
+            encoder_padding_mask: boolean tensor `(B, S)` or `None`. Kept
+                for the signature's symmetry with `step`; the mask itself
+                is passed to `step`.
+            initial_state: list of cell state tensors or `None` (zeros).
+
+        Returns:
+            A dict of batch-major tensors: `"cell"` (the list of cell
+            states), `"keys"` (projected keys `(B, S, U)`) and, for the
+            Luong flow with input feeding, `"feed"` (`s̃`, `(B, A)`).
+        """
+        batch = ops.shape(encoder_outputs)[0]
+        if initial_state is None:
+            initial_state = [
+                ops.zeros((batch, size), dtype=self.compute_dtype)
+                for size in self._state_sizes()
+            ]
+        elif not isinstance(initial_state, (list, tuple)):
+            initial_state = [initial_state]
+        sizes = self._state_sizes()
+        if len(initial_state) != len(sizes) or any(
+            s.shape[-1] not in (None, size)
+            for s, size in zip(initial_state, sizes, strict=False)
+        ):
+            raise ValueError(
+                f"AttentionDecoder (layer '{self.name}'): `initial_state` "
+                f"must be {len(sizes)} tensor(s) of sizes {sizes}. Received: "
+                "initial_state shapes "
+                f"{[tuple(s.shape) for s in initial_state]}"
+            )
+        state = {
+            "cell": list(initial_state),
+            "keys": self.attention.project_keys(encoder_outputs),
+        }
+        if self.flow == "luong" and self.input_feeding:
+            state["feed"] = ops.zeros(
+                (batch, self._feed_dim), dtype=self.compute_dtype
+            )
+        return state
+
+    def step(
+        self,
+        inputs_t,
+        state,
+        encoder_outputs,
+        encoder_padding_mask=None,
+        training=None,
+    ):
+        """One decoding step.
+
+        Args:
+            inputs_t: tensor `(B, E)`, the embedded previous token.
+            state: the dict of `get_initial_state` or of the previous step.
+            encoder_outputs: tensor `(B, S, De)`.
+            encoder_padding_mask: boolean tensor `(B, S)` or `None`.
+            training: bool.
+
+        Returns:
+            `(output_t, new_state, alignment_t)`: output `(B, U)` or
+            `(B, A)`, the new state dict, the weights `(B, S)`.
+        """
+        cell_state, keys = state["cell"], state["keys"]
+        if self.flow == "bahdanau":
+            context, alignment = self._attend(
+                cell_state[0], encoder_outputs, keys, encoder_padding_mask
+            )
+            cell_input = ops.concatenate(
+                [inputs_t, ops.cast(context, inputs_t.dtype)], axis=-1
+            )
+            output, new_cell = self.cell(
+                cell_input, cell_state, training=training
+            )
+            new_state = {"cell": _as_list(new_cell), "keys": keys}
+            return output, new_state, alignment
+        cell_input = inputs_t
+        if self.input_feeding:
+            cell_input = ops.concatenate(
+                [inputs_t, ops.cast(state["feed"], inputs_t.dtype)], axis=-1
+            )
+        hidden, new_cell = self.cell(cell_input, cell_state, training=training)
+        context, alignment = self._attend(
+            hidden, encoder_outputs, keys, encoder_padding_mask
+        )
+        output = self.attention_projection(
+            ops.concatenate([ops.cast(context, hidden.dtype), hidden], axis=-1)
+        )  # (B, A)
+        new_state = {"cell": _as_list(new_cell), "keys": keys}
+        if self.input_feeding:
+            new_state["feed"] = output
+        return output, new_state, alignment
+
+    def _attend(self, query, encoder_outputs, keys, encoder_padding_mask):
+        return self.attention.attend(
+            query,
+            encoder_outputs,
+            keys,
+            value_mask=encoder_padding_mask,
+            return_attention_scores=True,
+        )
+
+    def _state_sizes(self):
+        sizes = self.cell.state_size
+        sizes = list(sizes) if isinstance(sizes, (list, tuple)) else [sizes]
+        return [int(size) for size in sizes]
+
+
+def _as_list(states):
+    return list(states) if isinstance(states, (list, tuple)) else [states]

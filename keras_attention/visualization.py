@@ -1,0 +1,91 @@
+"""Attention maps as heatmaps: alignment between target and source tokens.
+
+Needs the `[viz]` extra (matplotlib).
+"""
+
+import numpy as np
+
+
+def plot_attention(
+    weights, source_tokens=None, target_tokens=None, ax=None, title=None
+):
+    """Draws a `(T, S)` alignment as a heatmap with tokens on the axes.
+
+    Row `t` is the attention of target step `t` over the source; a sharp
+    diagonal means monotonic alignment, off-diagonal blocks show the
+    reordering a translation needed. Attention weights show where a model
+    looked, which is not always why it decided (Jain and Wallace, 2019).
+
+    Args:
+        weights: array-like `(T, S)` (a backend tensor or NumPy array).
+        source_tokens: list of str, optional. `S` labels for the x axis.
+        target_tokens: list of str, optional. `T` labels for the y axis.
+        ax: matplotlib `Axes`, optional. Draw into it instead of a new
+            figure.
+        title: str, optional.
+
+    Returns:
+        The matplotlib `Figure`.
+
+    Examples:
+        >>> import numpy as np
+        >>> figure = plot_attention(
+        ...     np.eye(3), ["a", "b", "c"], ["A", "B", "C"], title="identity"
+        ... )
+        >>> figure.axes[0].get_title()
+        'identity'
+    """
+    try:
+        import matplotlib
+
+        if ax is None:
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError as error:  # pragma: no cover - depends on the extra
+        raise ImportError(
+            "plot_attention needs matplotlib: "
+            "pip install 'keras-attention-layers[viz]'"
+        ) from error
+    weights = _to_numpy(weights)
+    if weights.ndim != 2:
+        raise ValueError(
+            "plot_attention: `weights` must be (T, S). "
+            f"Received: weights.shape={weights.shape}"
+        )
+    rows, cols = weights.shape
+    for name, tokens, size in (
+        ("source_tokens", source_tokens, cols),
+        ("target_tokens", target_tokens, rows),
+    ):
+        if tokens is not None and len(tokens) != size:
+            raise ValueError(
+                f"plot_attention: `{name}` must have {size} entries to match "
+                f"weights.shape={weights.shape}. Received: {len(tokens)} "
+                "tokens"
+            )
+    if ax is None:
+        figure, ax = plt.subplots(
+            figsize=(max(3.0, 0.45 * cols + 1.5), max(2.5, 0.45 * rows + 1.2))
+        )
+    else:
+        figure = ax.figure
+    image = ax.imshow(weights, cmap="viridis", vmin=0.0, aspect="auto")
+    figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if source_tokens is not None:
+        ax.set_xticks(range(cols), source_tokens, rotation=60, ha="right")
+    if target_tokens is not None:
+        ax.set_yticks(range(rows), target_tokens)
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    if title:
+        ax.set_title(title)
+    figure.tight_layout()
+    return figure
+
+
+def _to_numpy(weights):
+    if hasattr(weights, "numpy") or not isinstance(weights, np.ndarray):
+        import keras
+
+        weights = keras.ops.convert_to_numpy(weights)
+    return np.asarray(weights, dtype="float32")
