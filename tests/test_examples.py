@@ -32,3 +32,15 @@ def test_demo_smoke():
     for name in ("Bahdanau", "Luong dot", "Luong general", "Luong concat"):
         assert name in out
     assert out.count("attends to the queried key") == 5
+
+
+@pytest.mark.slow
+def test_nmt_example_smoke(tmp_path):
+    out = run_example(
+        "nmt_rnn_attention.py", "--smoke", "--output", str(tmp_path)
+    )
+    assert "exact match" in out and "BLEU" in out and "chrF" in out
+    assert "(identical to the trained model)" in out
+    plots = sorted(tmp_path.glob("dates-bahdanau/alignment_*.png"))
+    assert len(plots) == 3
+    assert (tmp_path / "dates-bahdanau" / "model.keras").stat().st_size > 0

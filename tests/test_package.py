@@ -7,6 +7,7 @@ import keras
 import pytest
 
 import keras_attention
+from keras_attention import datasets
 from keras_attention import decoding
 from keras_attention import functional
 from keras_attention import visualization
@@ -56,6 +57,9 @@ DOCTESTED_MODULES = [
     functional,
     decoding,
     visualization,
+    datasets.builtin,
+    datasets.vocabulary,
+    datasets.parallel_corpus,
     attention_decoder,
     attention_mechanism,
     bahdanau_attention,

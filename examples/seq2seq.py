@@ -1,0 +1,220 @@
+"""The RNN encoder-decoder shared by the NMT example, the bottleneck study
+and the demo: data, model, decoding and evaluation.
+
+Shape legend: B batch, S source length, T target length, V vocabulary.
+"""
+
+import keras
+import numpy as np
+
+import keras_attention as ka
+from keras_attention import datasets
+from keras_attention.decoding import beam_search
+from keras_attention.decoding import greedy_search
+
+
+def load_corpus(args):
+    """The corpus of `args.data` and its source and target vocabularies."""
+    if args.data == "dates":
+        corpus = datasets.load_dates(args.examples, seed=args.seed)
+        tokenizers = ("word", "char")
+    elif args.data == "numbers":
+        corpus = datasets.load_numbers(args.examples, seed=args.seed)
+        tokenizers = ("char", "char")
+    else:
+        corpus = datasets.load_tsv(args.data, seed=args.seed)
+        tokenizers = ("word", "word")
+    sources = [s for s, _ in corpus.train]
+    targets = [t for _, t in corpus.train]
+    return (
+        corpus,
+        datasets.Vocabulary.from_texts(sources, tokenizers[0]),
+        datasets.Vocabulary.from_texts(targets, tokenizers[1]),
+    )
+
+
+def arrays(pairs, source_vocab, target_vocab):
+    """`([source_ids, target_inputs], target_outputs)` for teacher forcing."""
+    sources = source_vocab.encode([s for s, _ in pairs])
+    targets = [t for _, t in pairs]
+    length = target_vocab.encode(targets).shape[1] + 1
+    inputs = target_vocab.encode(targets, length, add_start=True)
+    outputs = target_vocab.encode(targets, length, add_end=True)
+    return [sources, inputs], outputs
+
+
+def make_attention(kind, units):
+    return {
+        "bahdanau": lambda: ka.BahdanauAttention(units),
+        "luong-dot": lambda: ka.LuongAttention("dot"),
+        "luong-general": lambda: ka.LuongAttention("general"),
+        "luong-concat": lambda: ka.LuongAttention("concat", units=units),
+    }[kind]()
+
+
+def build_model(attention, source_size, target_size, units, learning_rate=3e-3):
+    """Bidirectional-GRU encoder; attention decoder or a plain GRU one."""
+    source = keras.Input((None,), dtype="int32", name="source")
+    target = keras.Input((None,), dtype="int32", name="target")
+    embedded = keras.layers.Embedding(
+        source_size, units, mask_zero=True, name="source_embedding"
+    )(source)
+    encoded, forward, backward = keras.layers.Bidirectional(
+        keras.layers.GRU(units // 2, return_sequences=True, return_state=True),
+        name="encoder",
+    )(embedded)  # (B, S, units)
+    state = keras.layers.Concatenate(name="encoder_state")([forward, backward])
+    target_embedded = keras.layers.Embedding(
+        target_size, units, mask_zero=True, name="target_embedding"
+    )(target)
+    if attention == "none":
+        decoded = keras.layers.GRU(
+            units, return_sequences=True, name="decoder"
+        )(target_embedded, initial_state=[state])
+    else:
+        decoded = ka.AttentionDecoder(
+            keras.layers.GRUCell(units),
+            make_attention(attention, units),
+            name="decoder",
+        )(target_embedded, encoded, initial_state=[state])
+    logits = keras.layers.Dense(target_size, name="logits")(decoded)
+    model = keras.Model([source, target], logits, name=f"seq2seq_{attention}")
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate, clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=0
+        ),
+    )
+    return model
+
+
+class Translator:
+    """Greedy and beam-search decoding with a trained (or reloaded) model."""
+
+    def __init__(self, model, source_vocab, target_vocab, max_length=None):
+        self.source_vocab, self.target_vocab = source_vocab, target_vocab
+        self.encoder = keras.Model(
+            model.get_layer("source").output,
+            [
+                model.get_layer("encoder").output[0],
+                model.get_layer("encoder_state").output,
+            ],
+        )
+        self.embedding = model.get_layer("target_embedding")
+        self.decoder = model.get_layer("decoder")
+        self.head = model.get_layer("logits")
+        self.attention = isinstance(self.decoder, ka.AttentionDecoder)
+        self.max_length = max_length or 24
+
+    def initial_state(self, sources):
+        ids = self.source_vocab.encode(sources)
+        encoded, state = self.encoder(ids)
+        if not self.attention:
+            return {"h": [state]}
+        mask = keras.ops.convert_to_tensor(ids != 0)
+        return {
+            "decoder": self.decoder.get_initial_state(encoded, mask, [state]),
+            "encoded": encoded,
+            "mask": mask,
+        }
+
+    def step(self, token_ids, state):
+        embedded = self.embedding(token_ids)  # (B, E)
+        if not self.attention:
+            hidden, new = self.decoder.cell(embedded, state["h"])
+            new = list(new) if isinstance(new, (list, tuple)) else [new]
+            return self.head(hidden), {"h": new}
+        output, decoder_state, alignment = self.decoder.step(
+            embedded, state["decoder"], state["encoded"], state["mask"]
+        )
+        return self.head(output), {**state, "decoder": decoder_state}, alignment
+
+    def greedy(self, sources):
+        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
+        ids = greedy_search(
+            self.step,
+            self.initial_state(sources),
+            starts,
+            self.max_length,
+            end_id=self.target_vocab.end_id,
+        )
+        return [self.target_vocab.decode(row) for row in _numpy(ids)]
+
+    def beam(self, sources, beam_width, length_penalty=0.0):
+        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
+        ids, _ = beam_search(
+            self.step,
+            self.initial_state(sources),
+            starts,
+            self.max_length,
+            beam_width=beam_width,
+            end_id=self.target_vocab.end_id,
+            length_penalty=length_penalty,
+        )
+        return [self.target_vocab.decode(row) for row in _numpy(ids)]
+
+    def evaluate(self, pairs, beam_width, length_penalty, batch_size=500):
+        """Exact match, BLEU and chrF of greedy and beam search."""
+        import sacrebleu
+
+        references = [t for _, t in pairs]
+        results = {}
+        for name, decode in (
+            ("greedy", self.greedy),
+            (
+                f"beam-{beam_width}",
+                lambda s: self.beam(s, beam_width, length_penalty),
+            ),
+        ):
+            hypotheses = []
+            for i in range(0, len(pairs), batch_size):
+                hypotheses += decode([s for s, _ in pairs[i : i + batch_size]])
+            results[name] = {
+                "exact": float(
+                    np.mean(
+                        [
+                            h == r
+                            for h, r in zip(hypotheses, references, strict=True)
+                        ]
+                    )
+                ),
+                "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+                "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+            }
+        return results
+
+    def alignment(self, source):
+        """The greedy translation's target tokens and its `(T, S)` weights."""
+        translation = self.greedy([source])[0]
+        pieces = self.target_vocab.split(translation)
+        inputs = self.target_vocab.encode([translation], add_start=True)
+        ids = self.source_vocab.encode([source])
+        encoded, state = self.encoder(ids)
+        _, weights = self.decoder(
+            self.embedding(inputs),
+            encoded,
+            encoder_padding_mask=ids != 0,
+            initial_state=[state],
+            return_attention_scores=True,
+        )
+        return [*pieces, "<end>"], _numpy(weights)[0]
+
+    def plot(self, source, path):
+        from keras_attention.visualization import plot_attention
+
+        target_tokens, weights = self.alignment(source)
+        source_tokens = self.source_vocab.split(source)
+        figure = plot_attention(
+            weights[: len(target_tokens), : len(source_tokens)],
+            source_tokens,
+            target_tokens,
+            title=f"{source} -> {''.join(target_tokens[:-1])}",
+        )
+        figure.savefig(path, dpi=110)
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+
+
+def _numpy(x):
+    return np.asarray(keras.ops.convert_to_numpy(x))
