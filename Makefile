@@ -46,8 +46,12 @@ test: lint
 test-%: $(STAMP)
 	KERAS_BACKEND=$* $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The main job: Bahdanau-attention NMT of German number words into English on
+# JAX; prints test exact match, BLEU and chrF and writes alignment plots.
 demo: $(STAMP)
-	KERAS_BACKEND=jax $(BIN)/python examples/demo.py
+	KERAS_BACKEND=jax $(BIN)/python examples/nmt_rnn_attention.py \
+		--backend jax --attention bahdanau --data numbers --epochs 10 \
+		--output examples/output
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache .hypothesis

@@ -89,7 +89,10 @@ def main(argv=None):
 
     output = Path(args.output) / f"{corpus.name}-{args.attention}"
     output.mkdir(parents=True, exist_ok=True)
-    translator = seq2seq.Translator(model, source_vocab, target_vocab)
+    max_length = seq2seq.max_target_length(corpus, target_vocab)
+    translator = seq2seq.Translator(
+        model, source_vocab, target_vocab, max_length
+    )
     results = translator.evaluate(
         corpus.test, args.beam_width, args.length_penalty
     )
@@ -112,7 +115,9 @@ def main(argv=None):
     model_path = output / "model.keras"
     model.save(model_path)
     restored = keras.saving.load_model(model_path)
-    reloaded = seq2seq.Translator(restored, source_vocab, target_vocab)
+    reloaded = seq2seq.Translator(
+        restored, source_vocab, target_vocab, max_length
+    )
     sample_sources = [source for source, _ in corpus.test[:3]]
     same = reloaded.greedy(sample_sources) == translator.greedy(sample_sources)
     print(

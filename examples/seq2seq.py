@@ -13,6 +13,11 @@ from keras_attention.decoding import beam_search
 from keras_attention.decoding import greedy_search
 
 
+def max_target_length(corpus, target_vocab):
+    """Decoding budget: the longest training target plus room for <end>."""
+    return max(len(target_vocab.split(t)) for _, t in corpus.train) + 2
+
+
 def load_corpus(args):
     """The corpus of `args.data` and its source and target vocabularies."""
     if args.data == "dates":
@@ -91,7 +96,7 @@ def build_model(attention, source_size, target_size, units, learning_rate=3e-3):
 class Translator:
     """Greedy and beam-search decoding with a trained (or reloaded) model."""
 
-    def __init__(self, model, source_vocab, target_vocab, max_length=None):
+    def __init__(self, model, source_vocab, target_vocab, max_length):
         self.source_vocab, self.target_vocab = source_vocab, target_vocab
         self.encoder = keras.Model(
             model.get_layer("source").output,
@@ -104,7 +109,7 @@ class Translator:
         self.decoder = model.get_layer("decoder")
         self.head = model.get_layer("logits")
         self.attention = isinstance(self.decoder, ka.AttentionDecoder)
-        self.max_length = max_length or 24
+        self.max_length = max_length
 
     def initial_state(self, sources):
         ids = self.source_vocab.encode(sources)

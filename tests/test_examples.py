@@ -26,8 +26,8 @@ def run_example(name, *args):
 
 
 @pytest.mark.slow
-def test_demo_smoke():
-    out = run_example("demo.py", "--smoke")
+def test_associative_recall_smoke():
+    out = run_example("associative_recall.py", "--smoke")
     assert f"on {keras.backend.backend()}" in out
     for name in ("Bahdanau", "Luong dot", "Luong general", "Luong concat"):
         assert name in out
@@ -44,3 +44,20 @@ def test_nmt_example_smoke(tmp_path):
     plots = sorted(tmp_path.glob("dates-bahdanau/alignment_*.png"))
     assert len(plots) == 3
     assert (tmp_path / "dates-bahdanau" / "model.keras").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_bottleneck_study_smoke(tmp_path):
+    out = run_example(
+        "bottleneck_study.py", "--smoke", "--output", str(tmp_path)
+    )
+    for variant in ("none:", "bahdanau:", "luong-general:"):
+        assert variant in out
+    assert (tmp_path / "bottleneck.png").read_bytes()[:4] == b"\x89PNG"
+    import json
+
+    table = json.loads((tmp_path / "results.json").read_text())
+    assert set(table) == {"none", "bahdanau", "luong-general"}
+    assert all(
+        0.0 <= row["exact"] <= 1.0 for rows in table.values() for row in rows
+    )

@@ -7,9 +7,9 @@ from `Embedding(mask_zero=True)`. A model can only solve this by looking at
 the right pair: after a few epochs each layer's attention weights point at
 the queried key, which the script prints.
 
-Run it with `make demo`, or directly (any backend):
+Run it directly (any backend):
 
-    KERAS_BACKEND=jax python examples/demo.py [--epochs 4] [--smoke]
+    KERAS_BACKEND=jax python examples/associative_recall.py [--smoke]
 """
 
 import argparse
