@@ -8,8 +8,13 @@ STAMP := $(VENV)/.installed
 BACKENDS := tensorflow jax torch
 PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL := 3
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install lint format test test-% demo bench clean
+KATEX := docs/assets/katex
+
+.PHONY: install lint format test test-% demo bench docs docs-assets \
+	docs-serve chromium \
+	clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,10 +35,15 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# The whole suite once per backend, each in its own process (KERAS_BACKEND is
-# fixed at import). Every backend runs even if one fails; the target fails if
-# any did.
-test: lint
+# Headless Debian chromium renders the docs in the tests.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+# Lint, the strict docs build, then the whole suite once per backend, each in
+# its own process (KERAS_BACKEND is fixed at import). Every backend runs even
+# if one fails; the target fails if any did.
+test: lint docs chromium
 	@failed=""; \
 	for backend in $(BACKENDS); do \
 		echo "=== pytest, KERAS_BACKEND=$$backend ==="; \
@@ -53,8 +63,26 @@ demo: $(STAMP)
 		--backend jax --attention bahdanau --data numbers --epochs 10 \
 		--output examples/output
 
+# KaTeX comes from npm at the version package-lock.json pins and is served
+# with the site: viewing the docs needs no network.
+$(KATEX)/katex.min.js: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	rm -rf $(KATEX) && mkdir -p $(KATEX)
+	cp -r node_modules/katex/dist/katex.min.js \
+		node_modules/katex/dist/katex.min.css \
+		node_modules/katex/dist/fonts node_modules/katex/dist/contrib $(KATEX)/
+
+docs-assets: $(KATEX)/katex.min.js
+
+docs: $(STAMP) $(KATEX)/katex.min.js
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP) $(KATEX)/katex.min.js
+	$(BIN)/mkdocs serve
+
 clean:
-	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache .hypothesis \
+		node_modules $(KATEX)
 
 bench: $(STAMP)
 	for backend in $(BACKENDS); do \

@@ -223,3 +223,102 @@ class Translator:
 
 def _numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def build_transformer(
+    source_size,
+    target_size,
+    units,
+    num_heads=4,
+    num_layers=2,
+    learning_rate=1e-3,
+):
+    """An encoder-decoder Transformer from keras_attention's blocks."""
+    source = keras.Input((None,), dtype="int32", name="source")
+    target = keras.Input((None,), dtype="int32", name="target")
+    x = keras.layers.Embedding(
+        source_size, units, mask_zero=True, name="source_embedding"
+    )(source)
+    x = ka.PositionalEncoding(name="source_positions")(x)
+    for i in range(num_layers):
+        x = ka.TransformerEncoderBlock(
+            num_heads, 2 * units, dropout=0.1, name=f"encoder_{i}"
+        )(x)
+    y = keras.layers.Embedding(
+        target_size, units, mask_zero=True, name="target_embedding"
+    )(target)
+    y = ka.PositionalEncoding(name="target_positions")(y)
+    for i in range(num_layers):
+        y = ka.TransformerDecoderBlock(
+            num_heads, 2 * units, dropout=0.1, name=f"decoder_{i}"
+        )(y, x)
+    logits = keras.layers.Dense(target_size, name="logits")(y)
+    model = keras.Model([source, target], logits, name="seq2seq_transformer")
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate, clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=0
+        ),
+    )
+    return model
+
+
+class TransformerTranslator:
+    """Greedy decoding of `build_transformer` models with the KV cache."""
+
+    def __init__(self, model, source_vocab, target_vocab, max_length):
+        self.source_vocab, self.target_vocab = source_vocab, target_vocab
+        self.max_length = max_length
+        layers = [layer.name for layer in model.layers]
+        num_layers = sum(name.startswith("decoder_") for name in layers)
+        self.encoder = keras.Model(
+            model.get_layer("source").output,
+            model.get_layer(f"encoder_{num_layers - 1}").output,
+        )
+        self.blocks = [
+            model.get_layer(f"decoder_{i}") for i in range(num_layers)
+        ]
+        self.embedding = model.get_layer("target_embedding")
+        self.positions = model.get_layer("target_positions")
+        self.head = model.get_layer("logits")
+
+    def step(self, token_ids, state):
+        index = state["index"]
+        x = self.positions(
+            self.embedding(token_ids[:, None]), start_index=index
+        )  # (B, 1, D)
+        caches = []
+        for block, cache in zip(self.blocks, state["caches"], strict=True):
+            x, cache = block(
+                x,
+                encoder_padding_mask=state["mask"],
+                cache=cache,
+                cache_index=index,
+            )
+            caches.append(cache)
+        return self.head(x[:, 0]), {
+            **state,
+            "caches": caches,
+            "index": index + 1,
+        }
+
+    def greedy(self, sources):
+        ids = self.source_vocab.encode(sources)
+        encoded = self.encoder(ids)
+        state = {
+            "caches": [
+                block.init_cache(len(sources), self.max_length, encoded)
+                for block in self.blocks
+            ],
+            "mask": keras.ops.convert_to_tensor(ids != 0),
+            "index": 0,
+        }
+        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
+        out = greedy_search(
+            self.step,
+            state,
+            starts,
+            self.max_length,
+            end_id=self.target_vocab.end_id,
+        )
+        return [self.target_vocab.decode(row) for row in _numpy(out)]

@@ -51,13 +51,13 @@ def test_bottleneck_study_smoke(tmp_path):
     out = run_example(
         "bottleneck_study.py", "--smoke", "--output", str(tmp_path)
     )
-    for variant in ("none:", "bahdanau:", "luong-general:"):
+    for variant in ("none:", "bahdanau:", "luong-general:", "transformer:"):
         assert variant in out
     assert (tmp_path / "bottleneck.png").read_bytes()[:4] == b"\x89PNG"
     import json
 
     table = json.loads((tmp_path / "results.json").read_text())
-    assert set(table) == {"none", "bahdanau", "luong-general"}
+    assert set(table) == {"none", "bahdanau", "luong-general", "transformer"}
     assert all(
         0.0 <= row["exact"] <= 1.0 for rows in table.values() for row in rows
     )

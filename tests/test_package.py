@@ -147,3 +147,18 @@ def test_docstring_examples_run(module):
     assert result.failed == 0
     if module is not attention_mechanism:
         assert result.attempted > 0
+
+
+def test_dataset_names_are_documented():
+    names = [n for n in dir(datasets) if not n.startswith("_")]
+    public = [n for n in names if n[0].isupper() or n.startswith("load_")]
+    assert sorted(public) == [
+        "ParallelCorpus",
+        "Vocabulary",
+        "load_dates",
+        "load_numbers",
+        "load_tsv",
+    ]
+    for name in public + ["char_tokens", "word_tokens"]:
+        doc = inspect.getdoc(getattr(datasets, name))
+        assert doc and "Examples:" in doc, name

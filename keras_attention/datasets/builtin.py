@@ -119,6 +119,15 @@ def load_tsv(path, seed: int = 0, max_pairs=None) -> ParallelCorpus:
 
     Returns:
         A `ParallelCorpus` split 80/10/10.
+
+    Examples:
+        >>> import pathlib
+        >>> import tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "fra.txt"
+        >>> _ = path.write_text("Go.\\tVa !\\tCC-BY 2.0\\nHi.\\tSalut !\\n")
+        >>> corpus = load_tsv(path)
+        >>> sorted(corpus.train + corpus.validation + corpus.test)
+        [('Go.', 'Va !'), ('Hi.', 'Salut !')]
     """
     pairs = []
     with open(path, encoding="utf-8") as handle:
