@@ -124,7 +124,10 @@ class Translator:
         }
 
     def step(self, token_ids, state):
-        embedded = self.embedding(token_ids)  # (B, E)
+        # A table lookup: the Embedding layer would attach a padding mask.
+        embedded = keras.ops.take(
+            self.embedding.embeddings, token_ids, axis=0
+        )  # (B, E)
         if not self.attention:
             hidden, new = self.decoder.cell(embedded, state["h"])
             new = list(new) if isinstance(new, (list, tuple)) else [new]

@@ -226,3 +226,19 @@ def test_bad_arguments(make, received):
 def test_bad_ranks():
     with pytest.raises(ValueError, match=r"inputs.shape=\(2, 4\)"):
         decoder()(np.zeros((2, 4), "float32"), np.zeros((2, S, DE), "float32"))
+
+
+@pytest.mark.parametrize("input_feeding", [True, False])
+def test_step_inputs_with_an_embedding_mask_raise_no_warning(input_feeding):
+    # pytest turns warnings into errors: the cell must not warn that it
+    # drops the mask of an Embedding(mask_zero=True) output.
+    embedding = keras.layers.Embedding(10, E, mask_zero=True)
+    layer = decoder("gru", "luong_general", input_feeding=input_feeding)
+    targets, encoded, mask = inputs()
+    layer(embedding(np.ones((B, 3), "int32")), encoded)
+    state = layer.get_initial_state(encoded, mask)
+    out, _, alignment = layer.step(
+        embedding(np.array([3, 0])), state, encoded, mask
+    )
+    assert tuple(out.shape) == (B, U)
+    np.testing.assert_allclose(to_numpy(alignment).sum(-1), 1.0, atol=1e-5)

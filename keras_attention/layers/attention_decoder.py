@@ -174,6 +174,9 @@ class AttentionDecoder(keras.layers.Layer):
                 name="attention_projection",
             )
             self.attention_projection.build((batch, context_dim + units))
+        # Step inputs may carry an Embedding's mask; the cell only has to
+        # pass it on (padding is handled by the loss), not warn about it.
+        self.cell.supports_masking = True
         # Sublayers restored from a config arrive built.
         if not self.cell.built:
             self.cell.build((batch, cell_input_dim))
