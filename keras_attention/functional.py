@@ -91,6 +91,38 @@ def causal_mask(query_length, key_length, offset=0):
     return ops.greater_equal(rows, cols)  # (T, S)
 
 
+def position_angles(length, dim: int, start_index=0, max_wavelength=1e4):
+    """The angles `p / m^(2i/D)` of sinusoidal and rotary positions.
+
+    Shared by `PositionalEncoding` (sines and cosines of the angles) and
+    `RotaryEmbedding` (rotations by the angles). Computed in float32.
+
+    Args:
+        length: int or scalar tensor. T, the number of positions.
+        dim: int. D, the feature size; there are `ceil(D / 2)` angles.
+        start_index: int or scalar tensor. The first position. Defaults to
+            `0`.
+        max_wavelength: float. `m`. Defaults to `10000.0`.
+
+    Returns:
+        Float32 tensor `(T, ceil(D / 2))`: row `p` holds
+        `(start_index + p) / m^(2i/D)`.
+
+    Examples:
+        >>> import keras
+        >>> angles = position_angles(2, 4, start_index=1)
+        >>> print(keras.ops.convert_to_numpy(angles).round(4))
+        [[1.   0.01]
+         [2.   0.02]]
+    """
+    positions = ops.cast(ops.arange(length), "float32") + ops.cast(
+        start_index, "float32"
+    )  # (T,)
+    exponents = ops.arange(0, dim, 2, dtype="float32") / dim  # (⌈D/2⌉,)
+    inverse = ops.power(float(max_wavelength), -exponents)
+    return ops.einsum("t,i->ti", positions, inverse)  # (T, ⌈D/2⌉)
+
+
 def merge_masks(*masks):
     """Logical AND of the given boolean masks, skipping `None`.
 

@@ -51,6 +51,7 @@ PUBLIC_FUNCTIONS = [
     "masked_softmax",
     "merge_masks",
     "padding_to_attention_mask",
+    "position_angles",
     "scaled_dot_product_attention",
 ]
 DOCTESTED_MODULES = [

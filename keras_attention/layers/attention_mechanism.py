@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_attention import functional
+from keras_attention.layers import checks
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -218,18 +219,9 @@ class AttentionMechanism(keras.layers.Layer):
                 f"{self._where()}: `value` and `key` must be (B, S, D). "
                 + received
             )
-        pairs = [
-            (query_shape[0], value_shape[0]),
-            (key_shape[0], value_shape[0]),
-            (key_shape[1], value_shape[1]),
-        ]
-        for a, b in pairs:
-            if a is not None and b is not None and a != b:
-                raise ValueError(
-                    f"{self._where()}: the batch sizes of `query`, `key` and "
-                    "`value` and the source lengths of `key` and `value` "
-                    "must match. " + received
-                )
+        checks.check_batch_and_length(
+            self._where(), query_shape, value_shape, key_shape
+        )
         if query_shape[-1] is None or key_shape[-1] is None:
             raise ValueError(
                 f"{self._where()}: the feature dims of `query` and `key` "
@@ -237,17 +229,6 @@ class AttentionMechanism(keras.layers.Layer):
             )
 
     def _check_mask(self, value_mask, value_shape):
-        if value_mask is None:
-            return
-        mask_shape = tuple(value_mask.shape)
-        expected = tuple(value_shape[:2])
-        compatible = len(mask_shape) == 2 and all(
-            a is None or b is None or a == b
-            for a, b in zip(mask_shape, expected, strict=True)
+        checks.check_shape(
+            self._where(), "value_mask", value_mask, tuple(value_shape[:2])
         )
-        if not compatible:
-            raise ValueError(
-                f"{self._where()}: `value_mask` must be (B, S) = {expected}. "
-                f"Received: value_mask.shape={mask_shape}, "
-                f"value.shape={tuple(value_shape)}"
-            )

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_attention import functional
+from keras_attention.layers import checks
 from keras_attention.layers.multi_head_core import MultiHeadCore
 
 
@@ -98,7 +99,9 @@ class CrossAttention(MultiHeadCore):
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
         self._build_heads(query_shape, key_shape, value_shape)
-        self._check_pair(query_shape, value_shape, key_shape)
+        checks.check_batch_and_length(
+            self._where(), query_shape, value_shape, key_shape
+        )
         self.built = True
 
     def call(
@@ -115,7 +118,9 @@ class CrossAttention(MultiHeadCore):
         batch, length = query.shape[0], query.shape[1]
         if cache is None:
             key = value if key is None else key
-            self._check_pair(query.shape, value.shape, key.shape)
+            checks.check_batch_and_length(
+                self._where(), query.shape, value.shape, key.shape
+            )
             key_heads, value_heads = self._project_key_value(key, value)
         else:
             self._check_mask(
@@ -186,19 +191,3 @@ class CrossAttention(MultiHeadCore):
             )
         key_heads, value_heads = self._project_key_value(key, value)
         return ops.stack([key_heads, value_heads], axis=1)  # (B, 2, S, K, H)
-
-    def _check_pair(self, query_shape, value_shape, key_shape):
-        pairs = [
-            (query_shape[0], value_shape[0]),
-            (key_shape[0], value_shape[0]),
-            (key_shape[1], value_shape[1]),
-        ]
-        for a, b in pairs:
-            if a is not None and b is not None and a != b:
-                raise ValueError(
-                    f"{self._where()}: the batch sizes of `query`, `key` and "
-                    "`value` and the lengths of `key` and `value` must "
-                    f"match. Received: query.shape={tuple(query_shape)}, "
-                    f"value.shape={tuple(value_shape)}, "
-                    f"key.shape={tuple(key_shape)}"
-                )

@@ -8,11 +8,8 @@ import keras
 from keras import ops
 
 from keras_attention import functional
+from keras_attention.layers import checks
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-
-
-def _positive_int(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 class MultiHeadCore(keras.layers.Layer):
@@ -88,26 +85,26 @@ class MultiHeadCore(keras.layers.Layer):
         return f"{type(self).__name__} (layer '{self.name}')"
 
     def _validate_arguments(self):
-        checks = [
-            ("num_heads", self.num_heads, _positive_int(self.num_heads)),
+        arguments = [
+            ("num_heads", self.num_heads, checks.positive_int(self.num_heads)),
             (
                 "key_dim",
                 self.key_dim,
-                self.key_dim is None or _positive_int(self.key_dim),
+                self.key_dim is None or checks.positive_int(self.key_dim),
             ),
             (
                 "value_dim",
                 self.value_dim,
-                self.value_dim is None or _positive_int(self.value_dim),
+                self.value_dim is None or checks.positive_int(self.value_dim),
             ),
             (
                 "num_key_value_heads",
                 self.num_key_value_heads,
                 self.num_key_value_heads is None
-                or _positive_int(self.num_key_value_heads),
+                or checks.positive_int(self.num_key_value_heads),
             ),
         ]
-        for name, value, ok in checks:
+        for name, value, ok in arguments:
             if not ok:
                 raise ValueError(
                     f"{self._where()}: `{name}` must be a positive integer. "
@@ -256,16 +253,4 @@ class MultiHeadCore(keras.layers.Layer):
         return self.output_dense(heads), scores  # (B, T, D)
 
     def _check_mask(self, name, mask, expected):
-        """Static check that `mask` has the rank and dims of `expected`."""
-        if mask is None:
-            return
-        shape = tuple(mask.shape)
-        ok = len(shape) == len(expected) and all(
-            a is None or b is None or a == b
-            for a, b in zip(shape, expected, strict=True)
-        )
-        if not ok:
-            raise ValueError(
-                f"{self._where()}: `{name}` must have shape {expected}. "
-                f"Received: {name}.shape={shape}"
-            )
+        checks.check_shape(self._where(), name, mask, expected)

@@ -6,6 +6,8 @@ Shape legend: B batch, T sequence length, D model dim.
 import keras
 from keras import ops
 
+from keras_attention import functional
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class PositionalEncoding(keras.layers.Layer):
@@ -68,12 +70,9 @@ class PositionalEncoding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         length, dim = ops.shape(inputs)[1], inputs.shape[-1]
-        positions = ops.cast(ops.arange(length), "float32") + ops.cast(
-            start_index, "float32"
-        )  # (T,)
-        exponents = ops.arange(0, dim, 2, dtype="float32") / dim  # (⌈D/2⌉,)
-        inverse = ops.power(float(self.max_wavelength), -exponents)
-        angles = ops.einsum("t,i->ti", positions, inverse)  # (T, ⌈D/2⌉)
+        angles = functional.position_angles(
+            length, dim, start_index, self.max_wavelength
+        )  # (T, ⌈D/2⌉)
         encoding = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)
         encoding = ops.reshape(encoding, (length, -1))[:, :dim]  # (T, D)
         return inputs + ops.cast(encoding, inputs.dtype)

@@ -6,6 +6,8 @@ Shape legend: B batch, T sequence length, N heads, H head dim.
 import keras
 from keras import ops
 
+from keras_attention import functional
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class RotaryEmbedding(keras.layers.Layer):
@@ -72,12 +74,9 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         length, dim = ops.shape(inputs)[1], inputs.shape[-1]
-        positions = ops.cast(ops.arange(length), "float32") + ops.cast(
-            start_index, "float32"
-        )  # (T,)
-        exponents = ops.arange(0, dim, 2, dtype="float32") / dim  # (H/2,)
-        inverse = ops.power(float(self.max_wavelength), -exponents)
-        angles = ops.einsum("t,i->ti", positions, inverse)  # (T, H/2)
+        angles = functional.position_angles(
+            length, dim, start_index, self.max_wavelength
+        )  # (T, H/2)
         angles = ops.concatenate([angles, angles], axis=-1)  # (T, H)
         if len(inputs.shape) == 4:
             angles = ops.expand_dims(angles, 1)  # (T, 1, H)

@@ -6,7 +6,7 @@ Shape legend: B batch, T sequence length, D model dim, F intermediate dim.
 
 import keras
 
-from keras_attention.layers.multi_head_core import _positive_int
+from keras_attention.layers import checks
 from keras_attention.layers.multi_head_self_attention import (
     MultiHeadSelfAttention,
 )
@@ -36,7 +36,7 @@ class TransformerBlockBase(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not _positive_int(intermediate_dim):
+        if not checks.positive_int(intermediate_dim):
             raise ValueError(
                 f"{type(self).__name__} (layer '{self.name}'): "
                 "`intermediate_dim` must be a positive integer. "
