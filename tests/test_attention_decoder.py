@@ -242,3 +242,27 @@ def test_step_inputs_with_an_embedding_mask_raise_no_warning(input_feeding):
     )
     assert tuple(out.shape) == (B, U)
     np.testing.assert_allclose(to_numpy(alignment).sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision(policy):
+    targets, encoded, mask = inputs()
+    reference = decoder("lstm", "luong_general")
+    want = to_numpy(reference(targets, encoded, encoder_padding_mask=mask))
+    layer = AttentionDecoder.from_config(
+        {**reference.get_config(), "dtype": policy}
+    )
+    layer(targets, encoded)
+    layer.set_weights(reference.get_weights())
+    out, alignments = layer(
+        targets,
+        encoded,
+        encoder_padding_mask=mask,
+        return_attention_scores=True,
+    )
+    compute = policy.split("_")[1]
+    assert keras.backend.standardize_dtype(out.dtype) == compute
+    alignments = to_numpy(alignments)
+    assert np.all(alignments[0, :, 4:] == 0.0)
+    tolerance = 0.05 if compute == "float16" else 0.2
+    np.testing.assert_allclose(to_numpy(out), want, atol=tolerance)

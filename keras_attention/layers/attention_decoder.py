@@ -220,6 +220,11 @@ class AttentionDecoder(keras.layers.Layer):
             )
             new_state.pop("keys")
             carry = {**new_state, "output": output, "alignment": alignment}
+            # A loop carry keeps its dtypes: under mixed precision a cell
+            # built with another dtype policy may return other floats.
+            carry = keras.tree.map_structure(
+                lambda new, old: ops.cast(new, old.dtype), carry, init
+            )
             return carry, carry
 
         state_keys = tuple(state)
@@ -295,7 +300,7 @@ class AttentionDecoder(keras.layers.Layer):
         batch = ops.shape(encoder_outputs)[0]
         if initial_state is None:
             initial_state = [
-                ops.zeros((batch, size), dtype=self.compute_dtype)
+                ops.zeros((batch, size), dtype=self.cell.compute_dtype)
                 for size in self._state_sizes()
             ]
         elif not isinstance(initial_state, (list, tuple)):
