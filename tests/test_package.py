@@ -163,3 +163,22 @@ def test_dataset_names_are_documented():
     for name in public + ["char_tokens", "word_tokens"]:
         doc = inspect.getdoc(getattr(datasets, name))
         assert doc and "Examples:" in doc, name
+
+
+def test_only_the_dispatch_point_touches_a_backend():
+    """Layers use keras.ops only; functional.py's fused-kernel dispatch is
+    the one marked place that may look at a backend."""
+    import re
+    from pathlib import Path
+
+    package = Path(keras_attention.__file__).parent
+    backend_import = re.compile(
+        r"^\s*(import|from)\s+(jax|torch|tensorflow|keras\.src)\b", re.M
+    )
+    for path in package.rglob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        if path.name == "functional.py":
+            dispatch = source.index("# Fused-kernel dispatch")
+            assert not backend_import.search(source[:dispatch])
+            continue
+        assert not backend_import.search(source), path
