@@ -93,7 +93,63 @@ def build_model(attention, source_size, target_size, units, learning_rate=3e-3):
     return model
 
 
-class Translator:
+class TranslatorBase:
+    """Evaluation and plots shared by the RNN and Transformer translators.
+
+    Subclasses provide `greedy(sources)`, `beam(sources, beam_width,
+    length_penalty)` and `alignment(source)`.
+    """
+
+    def evaluate(self, pairs, beam_width, length_penalty, batch_size=500):
+        """Exact match, BLEU and chrF of greedy and beam search."""
+        references = [t for _, t in pairs]
+        results = {}
+        for name, decode in (
+            ("greedy", self.greedy),
+            (
+                f"beam-{beam_width}",
+                lambda s: self.beam(s, beam_width, length_penalty),
+            ),
+        ):
+            hypotheses = []
+            for i in range(0, len(pairs), batch_size):
+                hypotheses += decode([s for s, _ in pairs[i : i + batch_size]])
+            results[name] = scores(hypotheses, references)
+        return results
+
+    def plot(self, source, path):
+        from keras_attention.visualization import plot_attention
+
+        target_tokens, weights = self.alignment(source)
+        source_tokens = self.source_vocab.split(source)
+        figure = plot_attention(
+            weights[: len(target_tokens), : len(source_tokens)],
+            source_tokens,
+            target_tokens,
+            title=f"{source} -> {''.join(target_tokens[:-1])}",
+        )
+        figure.savefig(path, dpi=110)
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+
+
+def scores(hypotheses, references):
+    """Exact match, corpus BLEU and chrF (sacrebleu) of translations."""
+    import sacrebleu
+
+    return {
+        "exact": float(
+            np.mean(
+                [h == r for h, r in zip(hypotheses, references, strict=True)]
+            )
+        ),
+        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+    }
+
+
+class Translator(TranslatorBase):
     """Greedy and beam-search decoding with a trained (or reloaded) model."""
 
     def __init__(self, model, source_vocab, target_vocab, max_length):
@@ -161,36 +217,6 @@ class Translator:
         )
         return [self.target_vocab.decode(row) for row in _numpy(ids)]
 
-    def evaluate(self, pairs, beam_width, length_penalty, batch_size=500):
-        """Exact match, BLEU and chrF of greedy and beam search."""
-        import sacrebleu
-
-        references = [t for _, t in pairs]
-        results = {}
-        for name, decode in (
-            ("greedy", self.greedy),
-            (
-                f"beam-{beam_width}",
-                lambda s: self.beam(s, beam_width, length_penalty),
-            ),
-        ):
-            hypotheses = []
-            for i in range(0, len(pairs), batch_size):
-                hypotheses += decode([s for s, _ in pairs[i : i + batch_size]])
-            results[name] = {
-                "exact": float(
-                    np.mean(
-                        [
-                            h == r
-                            for h, r in zip(hypotheses, references, strict=True)
-                        ]
-                    )
-                ),
-                "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-                "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
-            }
-        return results
-
     def alignment(self, source):
         """The greedy translation's target tokens and its `(T, S)` weights."""
         translation = self.greedy([source])[0]
@@ -207,22 +233,6 @@ class Translator:
         )
         return [*pieces, "<end>"], _numpy(weights)[0]
 
-    def plot(self, source, path):
-        from keras_attention.visualization import plot_attention
-
-        target_tokens, weights = self.alignment(source)
-        source_tokens = self.source_vocab.split(source)
-        figure = plot_attention(
-            weights[: len(target_tokens), : len(source_tokens)],
-            source_tokens,
-            target_tokens,
-            title=f"{source} -> {''.join(target_tokens[:-1])}",
-        )
-        figure.savefig(path, dpi=110)
-        import matplotlib.pyplot as plt
-
-        plt.close(figure)
-
 
 def _numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
@@ -235,27 +245,55 @@ def build_transformer(
     num_heads=4,
     num_layers=2,
     learning_rate=1e-3,
+    positions="sinusoidal",
+    max_length=None,
+    dropout=0.1,
 ):
-    """An encoder-decoder Transformer from keras_attention's blocks."""
+    """An encoder-decoder Transformer from keras_attention's blocks.
+
+    `positions` is `"sinusoidal"` (`PositionalEncoding`) or `"learned"`
+    (`PositionEmbedding(max_length)`, which then needs `max_length`, the
+    longest source or target sequence the model will see). Padding masks
+    come from `Embedding(mask_zero=True)`: the encoder blocks hide padded
+    source tokens, the decoder blocks padded targets and, in
+    cross-attention, padded source tokens. `learning_rate` may be a
+    schedule.
+    """
+    if positions not in ("sinusoidal", "learned"):
+        raise ValueError(
+            "build_transformer: `positions` must be 'sinusoidal' or "
+            f"'learned'. Received: positions={positions!r}"
+        )
+    if positions == "learned" and not max_length:
+        raise ValueError(
+            "build_transformer: learned positions need `max_length`. "
+            f"Received: max_length={max_length!r}"
+        )
+
+    def position_layer(name):
+        if positions == "learned":
+            return ka.PositionEmbedding(max_length, name=name)
+        return ka.PositionalEncoding(name=name)
+
     source = keras.Input((None,), dtype="int32", name="source")
     target = keras.Input((None,), dtype="int32", name="target")
     x = keras.layers.Embedding(
         source_size, units, mask_zero=True, name="source_embedding"
-    )(source)
-    x = ka.PositionalEncoding(name="source_positions")(x)
+    )(source)  # (B, S, D)
+    x = position_layer("source_positions")(x)
     for i in range(num_layers):
         x = ka.TransformerEncoderBlock(
-            num_heads, 2 * units, dropout=0.1, name=f"encoder_{i}"
+            num_heads, 2 * units, dropout=dropout, name=f"encoder_{i}"
         )(x)
     y = keras.layers.Embedding(
         target_size, units, mask_zero=True, name="target_embedding"
-    )(target)
-    y = ka.PositionalEncoding(name="target_positions")(y)
+    )(target)  # (B, T, D)
+    y = position_layer("target_positions")(y)
     for i in range(num_layers):
         y = ka.TransformerDecoderBlock(
-            num_heads, 2 * units, dropout=0.1, name=f"decoder_{i}"
+            num_heads, 2 * units, dropout=dropout, name=f"decoder_{i}"
         )(y, x)
-    logits = keras.layers.Dense(target_size, name="logits")(y)
+    logits = keras.layers.Dense(target_size, name="logits")(y)  # (B, T, V)
     model = keras.Model([source, target], logits, name="seq2seq_transformer")
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate, clipnorm=1.0),
@@ -266,8 +304,13 @@ def build_transformer(
     return model
 
 
-class TransformerTranslator:
-    """Greedy decoding of `build_transformer` models with the KV cache."""
+class TransformerTranslator(TranslatorBase):
+    """Greedy and beam-search decoding of `build_transformer` models.
+
+    Decoding is incremental: each decoder block keeps a KV cache of its
+    self-attention and the cross-attention keys and values of the source,
+    projected once by `init_cache`; a step feeds one token per row.
+    """
 
     def __init__(self, model, source_vocab, target_vocab, max_length):
         self.source_vocab, self.target_vocab = source_vocab, target_vocab
@@ -285,11 +328,28 @@ class TransformerTranslator:
         self.positions = model.get_layer("target_positions")
         self.head = model.get_layer("logits")
 
+    def initial_state(self, sources):
+        ids = self.source_vocab.encode(sources)
+        encoded = self.encoder(ids)  # (B, S, D)
+        batch = len(sources)
+        return {
+            "caches": [
+                block.init_cache(batch, self.max_length, encoded)
+                for block in self.blocks
+            ],
+            "mask": keras.ops.convert_to_tensor(ids != 0),  # (B, S)
+            # The next position, per row so that beam search can tile and
+            # reorder it with the rest of the state (a Python int cannot).
+            "index": keras.ops.zeros((batch,), "int32"),
+        }
+
     def step(self, token_ids, state):
-        index = state["index"]
-        x = self.positions(
-            self.embedding(token_ids[:, None]), start_index=index
+        index = state["index"][0]  # all rows decode in lockstep
+        # A table lookup: the Embedding layer would attach a padding mask.
+        x = keras.ops.take(
+            self.embedding.embeddings, token_ids[:, None], axis=0
         )  # (B, 1, D)
+        x = self.positions(x, start_index=index)
         caches = []
         for block, cache in zip(self.blocks, state["caches"], strict=True):
             x, cache = block(
@@ -297,31 +357,101 @@ class TransformerTranslator:
                 encoder_padding_mask=state["mask"],
                 cache=cache,
                 cache_index=index,
-            )
+            )  # (B, 1, D)
             caches.append(cache)
         return self.head(x[:, 0]), {
             **state,
             "caches": caches,
-            "index": index + 1,
+            "index": state["index"] + 1,
         }
 
     def greedy(self, sources):
-        ids = self.source_vocab.encode(sources)
-        encoded = self.encoder(ids)
-        state = {
-            "caches": [
-                block.init_cache(len(sources), self.max_length, encoded)
-                for block in self.blocks
-            ],
-            "mask": keras.ops.convert_to_tensor(ids != 0),
-            "index": 0,
-        }
         starts = np.full(len(sources), self.target_vocab.start_id, "int32")
-        out = greedy_search(
+        ids = greedy_search(
             self.step,
-            state,
+            self.initial_state(sources),
             starts,
             self.max_length,
             end_id=self.target_vocab.end_id,
         )
-        return [self.target_vocab.decode(row) for row in _numpy(out)]
+        return [self.target_vocab.decode(row) for row in _numpy(ids)]
+
+    def beam(self, sources, beam_width, length_penalty=0.0):
+        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
+        ids, _ = beam_search(
+            self.step,
+            self.initial_state(sources),
+            starts,
+            self.max_length,
+            beam_width=beam_width,
+            end_id=self.target_vocab.end_id,
+            length_penalty=length_penalty,
+        )
+        return [self.target_vocab.decode(row) for row in _numpy(ids)]
+
+    def cross_attention(self, source):
+        """The greedy translation's target tokens and, per decoder block,
+        its cross-attention weights averaged over heads, `(T, S)`."""
+        translation = self.greedy([source])[0]
+        pieces = self.target_vocab.split(translation)
+        inputs = self.target_vocab.encode([translation], add_start=True)
+        ids = self.source_vocab.encode([source])
+        encoded = self.encoder(ids)  # (1, S, D)
+        x = self.positions(
+            keras.ops.take(self.embedding.embeddings, inputs, axis=0)
+        )  # (1, T, D)
+        weights = []
+        for block in self.blocks:
+            x, block_scores = block(
+                x,
+                encoded,
+                encoder_padding_mask=ids != 0,
+                return_attention_scores=True,
+            )
+            cross = block_scores["cross"][0]  # (N, T, S)
+            weights.append(_numpy(keras.ops.mean(cross, axis=0)))  # (T, S)
+        return [*pieces, "<end>"], weights
+
+    def alignment(self, source):
+        """Target tokens and the last block's head-averaged `(T, S)`."""
+        target_tokens, weights = self.cross_attention(source)
+        return target_tokens, weights[-1]
+
+    def plot(self, source, path):
+        """One heatmap per decoder block of the cross-attention."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from keras_attention.visualization import plot_attention
+
+        target_tokens, weights = self.cross_attention(source)
+        source_tokens = self.source_vocab.split(source)
+        figure, axes = plt.subplots(
+            1,
+            len(weights),
+            figsize=(
+                len(weights) * max(3.0, 0.3 * len(source_tokens) + 1.5),
+                max(3.0, 0.3 * len(target_tokens) + 1.5),
+            ),
+            squeeze=False,
+        )
+        for i, (ax, layer_weights) in enumerate(
+            zip(axes[0], weights, strict=True)
+        ):
+            plot_attention(
+                layer_weights[: len(target_tokens), : len(source_tokens)],
+                source_tokens,
+                target_tokens,
+                ax=ax,
+                title=f"decoder block {i}",
+            )
+        joiner = "" if self.target_vocab.tokenizer == "char" else " "
+        figure.suptitle(
+            f"{source} -> {joiner.join(target_tokens[:-1])} "
+            "(cross-attention, mean over heads)"
+        )
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
