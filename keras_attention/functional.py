@@ -182,7 +182,9 @@ def masked_softmax(logits, mask=None, axis=-1):
     `large_negative` of the logits' dtype before the softmax, and the
     weights are zeroed where the mask is `False` afterwards. A row whose
     entries are all masked therefore gets all-zero weights, never NaN and
-    never a uniform distribution over padding.
+    never a uniform distribution over padding. Half-precision logits are
+    normalised in `float32` (their own range holds real logits below any
+    masking value), and the weights are returned in the logits' dtype.
 
     Args:
         logits: float tensor.
@@ -214,12 +216,15 @@ def masked_softmax(logits, mask=None, axis=-1):
         return ops.where(
             ops.cast(mask, "bool"), weights, ops.zeros_like(logits)
         )
+    input_dtype = logits.dtype
+    logits = ops.cast(logits, logits_dtype(input_dtype))
     if mask is None:
-        return ops.softmax(logits, axis=axis)
+        return ops.cast(ops.softmax(logits, axis=axis), input_dtype)
     mask = ops.cast(mask, "bool")
     fill = ops.full((), large_negative(logits.dtype), dtype=logits.dtype)
     weights = ops.softmax(ops.where(mask, logits, fill), axis=axis)
-    return ops.where(mask, weights, ops.zeros_like(weights))
+    weights = ops.where(mask, weights, ops.zeros_like(weights))
+    return ops.cast(weights, input_dtype)
 
 
 def additive_score(query, key, kernel, bias=None):
