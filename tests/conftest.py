@@ -15,8 +15,24 @@ if os.environ.get("KERAS_BACKEND") == "torch":
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import HealthCheck  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 BACKEND = keras.backend.backend()
+
+# Property tests: `ci` (the default) is derandomised and keeps no example
+# database, so every run tries the same examples; `HYPOTHESIS_PROFILE=dev`
+# explores ten times more.
+_PROFILE = {
+    "deadline": None,
+    "print_blob": True,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
+settings.register_profile(
+    "ci", max_examples=25, derandomize=True, database=None, **_PROFILE
+)
+settings.register_profile("dev", max_examples=250, **_PROFILE)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)
