@@ -389,10 +389,12 @@ class TransformerTranslator(TranslatorBase):
         )
         return [self.target_vocab.decode(row) for row in _numpy(ids)]
 
-    def cross_attention(self, source):
-        """The greedy translation's target tokens and, per decoder block,
-        its cross-attention weights averaged over heads, `(T, S)`."""
-        translation = self.greedy([source])[0]
+    def cross_attention(self, source, translation=None):
+        """The target tokens of `translation` (by default the greedy one)
+        and, per decoder block, its cross-attention weights averaged over
+        heads, `(T, S)`."""
+        if translation is None:
+            translation = self.greedy([source])[0]
         pieces = self.target_vocab.split(translation)
         inputs = self.target_vocab.encode([translation], add_start=True)
         ids = self.source_vocab.encode([source])
@@ -417,7 +419,7 @@ class TransformerTranslator(TranslatorBase):
         target_tokens, weights = self.cross_attention(source)
         return target_tokens, weights[-1]
 
-    def plot(self, source, path):
+    def plot(self, source, path, translation=None):
         """One heatmap per decoder block of the cross-attention."""
         import matplotlib
 
@@ -426,7 +428,7 @@ class TransformerTranslator(TranslatorBase):
 
         from keras_attention.visualization import plot_attention
 
-        target_tokens, weights = self.cross_attention(source)
+        target_tokens, weights = self.cross_attention(source, translation)
         source_tokens = self.source_vocab.split(source)
         figure, axes = plt.subplots(
             1,

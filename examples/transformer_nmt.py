@@ -50,6 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--decode-batch-size", type=int, default=500)
     parser.add_argument("--beam-width", type=int, default=4)
     parser.add_argument("--length-penalty", type=float, default=0.6)
     parser.add_argument("--plots", type=int, default=3)
@@ -60,6 +61,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.examples, args.epochs, args.units = 300, 1, 16
         args.heads, args.layers, args.beam_width, args.plots = 2, 1, 2, 2
+        args.batch_size = 48  # 240 training pairs: no ragged last batch
     return args
 
 
@@ -76,6 +78,16 @@ def learning_rate(args, steps_per_epoch):
         warmup_target=args.learning_rate,
         warmup_steps=warmup,
     )
+
+
+def decode_test_set(translator, pairs, args):
+    """Greedy and beam translations of `pairs`, in batches."""
+    greedy, beam = [], []
+    for i in range(0, len(pairs), args.decode_batch_size):
+        sources = [s for s, _ in pairs[i : i + args.decode_batch_size]]
+        greedy += translator.greedy(sources)
+        beam += translator.beam(sources, args.beam_width, args.length_penalty)
+    return greedy, beam
 
 
 def main(argv=None):
@@ -139,10 +151,13 @@ def main(argv=None):
         model, source_vocab, target_vocab, max_target
     )
     start = time.perf_counter()
-    results = translator.evaluate(
-        corpus.test, args.beam_width, args.length_penalty
-    )
+    greedy, beam = decode_test_set(translator, corpus.test, args)
     decode_seconds = time.perf_counter() - start
+    references = [t for _, t in corpus.test]
+    results = {
+        "greedy": seq2seq.scores(greedy, references),
+        f"beam-{args.beam_width}": seq2seq.scores(beam, references),
+    }
     print(
         f"\ntrained in {train_seconds:.0f} s; test set ({len(corpus.test)} "
         f"pairs, greedy and beam decoded with the KV cache in "
@@ -153,14 +168,15 @@ def main(argv=None):
             f"  {name:8s} exact match {scores['exact']:6.1%}   "
             f"BLEU {scores['bleu']:5.1f}   chrF {scores['chrf']:5.1f}"
         )
-    samples = [source for source, _ in corpus.test[:5]]
-    for source, hypothesis, (_, target) in zip(
-        samples, translator.greedy(samples), corpus.test, strict=False
+    for (source, target), hypothesis in zip(
+        corpus.test[:5], greedy, strict=False
     ):
         print(f"  {source!r:45} -> {hypothesis!r} ({target})")
-    for i, source in enumerate(samples[: args.plots]):
+    for i, ((source, _), hypothesis) in enumerate(
+        zip(corpus.test[: args.plots], greedy, strict=False)
+    ):
         path = output / f"cross_attention_{i}.png"
-        translator.plot(source, path)
+        translator.plot(source, path, translation=hypothesis)
         print(f"  cross-attention plot: {path}")
 
     model_path = output / "model.keras"
@@ -169,15 +185,13 @@ def main(argv=None):
     reloaded = seq2seq.TransformerTranslator(
         restored, source_vocab, target_vocab, max_target
     )
-    probe = [source for source, _ in corpus.test[:8]]
-    same = reloaded.greedy(probe) == translator.greedy(probe) and (
-        reloaded.beam(probe, args.beam_width, args.length_penalty)
-        == translator.beam(probe, args.beam_width, args.length_penalty)
-    )
+    probe = corpus.test[: args.batch_size]
+    again = decode_test_set(reloaded, probe, args)
+    same = again == (greedy[: len(probe)], beam[: len(probe)])
     print(
         f"  saved {model_path}; reloaded model translates "
-        f"{probe[0]!r} -> {reloaded.greedy(probe[:1])[0]!r}"
-        f" ({'identical' if same else 'DIFFERENT'} to the trained model, "
+        f"{probe[0][0]!r} -> {again[0][0]!r} "
+        f"({'identical' if same else 'DIFFERENT'} to the trained model, "
         f"greedy and beam, {len(probe)} sentences)"
     )
     summary = {
