@@ -50,6 +50,8 @@ def greedy_search(step_fn, state, start_ids, max_length: int, end_id=None):
          [2 3 3]]
     """
 
+    _check_max_length("greedy_search", max_length)
+
     def choose(logits, step):
         return ops.cast(ops.argmax(logits, axis=-1), "int32")
 
@@ -99,6 +101,7 @@ def sample(
         >>> tuple(ids.shape)
         (2, 4)
     """
+    _check_max_length("sample", max_length)
     if temperature <= 0:
         raise ValueError(
             f"sample: `temperature` must be positive. "
@@ -190,6 +193,7 @@ def beam_search(
         ...     greedy_search(step_fn, (), np.array([0]), 2)))
         [[1 0]]
     """
+    _check_max_length("beam_search", max_length)
     if not isinstance(beam_width, int) or beam_width < 1:
         raise ValueError(
             "beam_search: `beam_width` must be a positive integer. "
@@ -278,6 +282,14 @@ def beam_search(
         ops.convert_to_tensor(sequences, "int32"),
         ops.convert_to_tensor(final.astype("float32")),
     )
+
+
+def _check_max_length(name, max_length):
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(
+            f"{name}: `max_length` must be a positive integer. "
+            f"Received: max_length={max_length!r}"
+        )
 
 
 def _decode(step_fn, state, start_ids, max_length, end_id, choose):

@@ -60,8 +60,8 @@ def plot_attention(
         if tokens is not None and len(tokens) != size:
             raise ValueError(
                 f"plot_attention: `{name}` must have {size} entries to match "
-                f"weights.shape={weights.shape}. Received: {len(tokens)} "
-                "tokens"
+                f"weights.shape={weights.shape}. "
+                f"Received: len({name})={len(tokens)}"
             )
     if ax is None:
         figure, ax = plt.subplots(

@@ -7,6 +7,7 @@ De encoder dim, U cell units, A attentional state dim.
 import keras
 from keras import ops
 
+from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.luong_attention import LuongAttention
 
@@ -107,7 +108,7 @@ class AttentionDecoder(keras.layers.Layer):
             cell = keras.layers.deserialize(cell)
         if isinstance(attention, dict):
             attention = keras.layers.deserialize(attention)
-        where = f"AttentionDecoder (layer '{self.name}')"
+        where = self._where()
         if not hasattr(cell, "state_size") or not callable(cell):
             raise ValueError(
                 f"{where}: `cell` must be a Keras RNN cell such as "
@@ -149,11 +150,17 @@ class AttentionDecoder(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape, encoder_outputs_shape):
-        where = f"AttentionDecoder (layer '{self.name}')"
-        if len(inputs_shape) != 3 or len(encoder_outputs_shape) != 3:
+        batch, source_batch = inputs_shape[0], encoder_outputs_shape[0]
+        if (
+            len(inputs_shape) != 3
+            or len(encoder_outputs_shape) != 3
+            or None not in (batch, source_batch)
+            and batch != source_batch
+        ):
             raise ValueError(
-                f"{where}: `inputs` must be (B, T, E) and `encoder_outputs` "
-                f"(B, S, De). Received: inputs.shape={tuple(inputs_shape)}, "
+                f"{self._where()}: `inputs` must be (B, T, E) and "
+                "`encoder_outputs` (B, S, De) with the same B. Received: "
+                f"inputs.shape={tuple(inputs_shape)}, "
                 f"encoder_outputs.shape={tuple(encoder_outputs_shape)}"
             )
         units = self._state_sizes()[0]
@@ -196,6 +203,12 @@ class AttentionDecoder(keras.layers.Layer):
     ):
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_outputs_mask
+        checks.check_mask(
+            self._where(),
+            "encoder_padding_mask",
+            encoder_padding_mask,
+            tuple(encoder_outputs.shape[:2]),
+        )
         state = self.get_initial_state(
             encoder_outputs, encoder_padding_mask, initial_state
         )
@@ -311,7 +324,7 @@ class AttentionDecoder(keras.layers.Layer):
             for s, size in zip(initial_state, sizes, strict=False)
         ):
             raise ValueError(
-                f"AttentionDecoder (layer '{self.name}'): `initial_state` "
+                f"{self._where()}: `initial_state` "
                 f"must be {len(sizes)} tensor(s) of sizes {sizes}. Received: "
                 "initial_state shapes "
                 f"{[tuple(s.shape) for s in initial_state]}"
@@ -385,6 +398,9 @@ class AttentionDecoder(keras.layers.Layer):
             value_mask=encoder_padding_mask,
             return_attention_scores=True,
         )
+
+    def _where(self):
+        return f"AttentionDecoder (layer '{self.name}')"
 
     def _state_sizes(self):
         sizes = self.cell.state_size

@@ -229,6 +229,6 @@ class AttentionMechanism(keras.layers.Layer):
             )
 
     def _check_mask(self, value_mask, value_shape):
-        checks.check_shape(
+        checks.check_mask(
             self._where(), "value_mask", value_mask, tuple(value_shape[:2])
         )

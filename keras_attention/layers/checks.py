@@ -1,9 +1,51 @@
 """Input checks shared by the layers: clear `ValueError`s, written once."""
 
+import keras
+
 
 def positive_int(value) -> bool:
     """Whether `value` is an int (not a bool) greater than zero."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_positive_int(where: str, name: str, value, optional=False):
+    """Raises unless `value` is a positive int (or `None` if `optional`)."""
+    if optional and value is None:
+        return
+    if not positive_int(value):
+        raise ValueError(
+            f"{where}: `{name}` must be a positive integer. "
+            f"Received: {name}={value!r}"
+        )
+
+
+def check_start_index(where: str, start_index):
+    """A static `start_index` (a Python int) must not be negative."""
+    if isinstance(start_index, int) and start_index < 0:
+        raise ValueError(
+            f"{where}: `start_index` must be >= 0. "
+            f"Received: start_index={start_index}"
+        )
+
+
+def check_mask(where: str, name: str, mask, expected):
+    """`check_shape` for a boolean (or 0/1 integer) mask.
+
+    Float masks are refused: an additive mask (0 for keep, -inf for drop)
+    cast to bool would be read backwards, a silent wrong answer.
+    """
+    if mask is None:
+        return
+    dtype = getattr(mask, "dtype", None)
+    if dtype is not None:
+        dtype = keras.backend.standardize_dtype(dtype)
+        if dtype != "bool" and "int" not in dtype:
+            raise ValueError(
+                f"{where}: `{name}` must be boolean (True = attend) or "
+                "0/1 integers, not an additive float mask. "
+                f"Received: {name}.dtype={dtype}"
+            )
+    check_shape(where, name, mask, expected)
 
 
 def check_shape(where: str, name: str, tensor, expected):

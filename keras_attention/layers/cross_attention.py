@@ -123,8 +123,11 @@ class CrossAttention(MultiHeadCore):
             )
             key_heads, value_heads = self._project_key_value(key, value)
         else:
-            self._check_mask(
-                "cache", cache, (batch, 2, None, self.kv_heads, self._head_dim)
+            checks.check_shape(
+                self._where(),
+                "cache",
+                cache,
+                (batch, 2, None, self.kv_heads, self._head_dim),
             )
             key_heads = ops.cast(cache[:, 0], query.dtype)  # (B, S, K, H)
             value_heads = ops.cast(cache[:, 1], query.dtype)  # (B, S, K, H)

@@ -123,24 +123,29 @@ class MultiHeadCore(keras.layers.Layer):
                 f"Received: dropout={self.dropout}"
             )
 
-    def _build_heads(self, query_shape, key_shape, value_shape):
-        """Creates the projections for inputs of the given shapes."""
-        for name, shape in (
-            ("query", query_shape),
-            ("value", value_shape),
-            ("key", key_shape),
+    def _build_heads(self, query_shape, key_shape, value_shape, name=None):
+        """Creates the projections for inputs of the given shapes.
+
+        `name` is the argument error messages name for all three (a
+        self-attention layer's single `inputs`).
+        """
+        for arg, shape in (
+            (name or "query", query_shape),
+            (name or "value", value_shape),
+            (name or "key", key_shape),
         ):
             if len(shape) != 3 or shape[-1] is None:
                 raise ValueError(
-                    f"{self._where()}: `{name}` must be (B, T, D) with a "
-                    f"known D. Received: {name}.shape={tuple(shape)}"
+                    f"{self._where()}: `{arg}` must be (B, T, D) with a "
+                    f"known D. Received: {arg}.shape={tuple(shape)}"
                 )
         model_dim = query_shape[-1]
         if self.key_dim is None and model_dim % self.num_heads:
             raise ValueError(
                 f"{self._where()}: the model dim must be divisible by "
                 "`num_heads` when `key_dim` is not given. Received: "
-                f"query.shape={tuple(query_shape)}, num_heads={self.num_heads}"
+                f"{name or 'query'}.shape={tuple(query_shape)}, "
+                f"num_heads={self.num_heads}"
             )
         self._head_dim = self.key_dim or model_dim // self.num_heads
         self._value_head_dim = self.value_dim or self._head_dim
@@ -253,4 +258,4 @@ class MultiHeadCore(keras.layers.Layer):
         return self.output_dense(heads), scores  # (B, T, D)
 
     def _check_mask(self, name, mask, expected):
-        checks.check_shape(self._where(), name, mask, expected)
+        checks.check_mask(self._where(), name, mask, expected)

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_attention import functional
+from keras_attention.layers import checks
 from keras_attention.layers.multi_head_core import MultiHeadCore
 
 
@@ -97,7 +98,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
     """
 
     def build(self, inputs_shape):
-        self._build_heads(inputs_shape, inputs_shape, inputs_shape)
+        self._build_heads(
+            inputs_shape, inputs_shape, inputs_shape, name="inputs"
+        )
         self.built = True
 
     def call(
@@ -233,7 +236,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
             self.kv_heads,
             self._head_dim,
         )
-        self._check_mask("cache", cache, expected)
+        checks.check_shape(self._where(), "cache", cache, expected)
         if self._head_dim != self._value_head_dim:
             raise ValueError(
                 f"{self._where()}: a cache needs `key_dim == value_dim`. "

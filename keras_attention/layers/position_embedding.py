@@ -6,6 +6,8 @@ Shape legend: B batch, T sequence length, D model dim, L max length.
 import keras
 from keras import ops
 
+from keras_attention.layers import checks
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class PositionEmbedding(keras.layers.Layer):
@@ -73,6 +75,9 @@ class PositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
+        checks.check_start_index(
+            f"PositionEmbedding (layer '{self.name}')", start_index
+        )
         length = inputs.shape[1]
         if (
             length is not None

@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_attention import functional
+from keras_attention.layers import checks
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -73,6 +74,9 @@ class RotaryEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
+        checks.check_start_index(
+            f"RotaryEmbedding (layer '{self.name}')", start_index
+        )
         length, dim = ops.shape(inputs)[1], inputs.shape[-1]
         angles = functional.position_angles(
             length, dim, start_index, self.max_wavelength

@@ -36,16 +36,22 @@ class TransformerBlockBase(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not checks.positive_int(intermediate_dim):
-            raise ValueError(
-                f"{type(self).__name__} (layer '{self.name}'): "
-                "`intermediate_dim` must be a positive integer. "
-                f"Received: intermediate_dim={intermediate_dim!r}"
-            )
+        where = self._where()
+        checks.check_positive_int(where, "num_heads", num_heads)
+        checks.check_positive_int(where, "intermediate_dim", intermediate_dim)
+        checks.check_positive_int(where, "key_dim", key_dim, optional=True)
+        checks.check_positive_int(
+            where, "num_key_value_heads", num_key_value_heads, optional=True
+        )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(
-                f"{type(self).__name__} (layer '{self.name}'): `dropout` "
-                f"must be in [0, 1). Received: dropout={dropout}"
+                f"{where}: `dropout` must be in [0, 1). "
+                f"Received: dropout={dropout}"
+            )
+        if not layer_norm_epsilon > 0:
+            raise ValueError(
+                f"{where}: `layer_norm_epsilon` must be positive. "
+                f"Received: layer_norm_epsilon={layer_norm_epsilon}"
             )
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
@@ -95,13 +101,28 @@ class TransformerBlockBase(keras.layers.Layer):
         )
         return config
 
+    def _where(self):
+        return f"{type(self).__name__} (layer '{self.name}')"
+
     def _check_inputs_shape(self, inputs_shape):
         if len(inputs_shape) != 3 or inputs_shape[-1] is None:
             raise ValueError(
-                f"{type(self).__name__} (layer '{self.name}'): `inputs` must "
-                "be (B, T, D) with a known D. "
+                f"{self._where()}: `inputs` must be (B, T, D) with a known D. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
+
+    def _check_self_masks(self, inputs, padding_mask, attention_mask):
+        """The block's own masks, checked under its name (not a sublayer's)."""
+        batch, length = inputs.shape[0], inputs.shape[1]
+        checks.check_mask(
+            self._where(), "padding_mask", padding_mask, (batch, length)
+        )
+        checks.check_mask(
+            self._where(),
+            "attention_mask",
+            attention_mask,
+            (batch, length, length),
+        )
 
     def _build_residual(self, name, inputs_shape):
         """A LayerNorm and a Dropout for the residual sublayer `name`."""

@@ -6,6 +6,7 @@ D model dim, N heads, K key/value heads, H head dim.
 
 import keras
 
+from keras_attention.layers import checks
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.transformer_block_base import TransformerBlockBase
 
@@ -98,6 +99,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         self._build_residual("self_attention", inputs_shape)
         self.cross_attention = None
         if encoder_outputs_shape is not None:
+            self._check_encoder_shape(inputs_shape, encoder_outputs_shape)
             self.cross_attention = CrossAttention(
                 self.num_heads,
                 key_dim=self.key_dim,
@@ -134,7 +136,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_outputs_mask
         self_cache, cross_cache = self._split_cache(cache)
-        self._check_encoder(encoder_outputs, cross_cache)
+        self._check_encoder(encoder_outputs, cross_cache, encoder_padding_mask)
+        if cache is None:  # with a cache, masks cover the cache's positions
+            self._check_self_masks(inputs, padding_mask, attention_mask)
         scores = {}
 
         def self_attention(x):
@@ -272,9 +276,36 @@ class TransformerDecoderBlock(TransformerBlockBase):
             )
         return cache["self"], cache.get("cross")
 
-    def _check_encoder(self, encoder_outputs, cross_cache):
+    def _check_encoder_shape(self, inputs_shape, encoder_outputs_shape):
+        batch, source_batch = inputs_shape[0], encoder_outputs_shape[0]
+        if len(encoder_outputs_shape) != 3 or (
+            None not in (batch, source_batch) and batch != source_batch
+        ):
+            raise ValueError(
+                f"{self._where()}: `encoder_outputs` must be (B, S, De) with "
+                "the batch of `inputs`. Received: "
+                f"inputs.shape={tuple(inputs_shape)}, "
+                f"encoder_outputs.shape={tuple(encoder_outputs_shape)}"
+            )
+
+    def _check_encoder(self, encoder_outputs, cross_cache, padding_mask=None):
         has_source = encoder_outputs is not None or cross_cache is not None
         has_cross = getattr(self, "cross_attention", None) is not None
+        if padding_mask is not None and not has_source:
+            raise ValueError(
+                f"{self._where()}: `encoder_padding_mask` needs "
+                "`encoder_outputs` (or a cache with 'cross'). Received: "
+                "encoder_outputs=None, encoder_padding_mask.shape="
+                f"{tuple(padding_mask.shape)}"
+            )
+        if encoder_outputs is not None:
+            source = tuple(encoder_outputs.shape)
+            checks.check_mask(
+                self._where(),
+                "encoder_padding_mask",
+                padding_mask,
+                (source[0], source[1]),
+            )
         if has_source != has_cross:
             raise ValueError(
                 f"{type(self).__name__} (layer '{self.name}'): the block was "

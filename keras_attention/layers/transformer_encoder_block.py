@@ -87,6 +87,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
     ):
         if padding_mask is None:
             padding_mask = mask if mask is not None else inputs_mask
+        self._check_self_masks(inputs, padding_mask, attention_mask)
 
         def self_attention(x):
             result = self.self_attention(

@@ -1,0 +1,543 @@
+"""Bad input, enumerated per layer: every case is a `ValueError` that names
+the layer (or function), the argument and what was received.
+
+Wrong ranks, mismatched batch, length or feature dims, masks of the wrong
+shape or dtype, zero/negative/non-integer sizes, out-of-range rates and
+unknown options. No case may surface as a backend error or a NaN.
+"""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attention as ka
+from keras_attention import decoding
+from keras_attention.functional import scaled_dot_product_attention
+from keras_attention.visualization import plot_attention
+
+B, T, S, D = 2, 3, 4, 8
+
+
+def x(*shape):
+    return np.ones(shape, "float32")
+
+
+def mask(*shape, dtype="bool"):
+    return np.ones(shape, dtype)
+
+
+def gru_decoder(**kwargs):
+    return ka.AttentionDecoder(
+        keras.layers.GRUCell(D), ka.BahdanauAttention(4), **kwargs
+    )
+
+
+def step_fn(ids, state):
+    return keras.ops.one_hot(ids, 5), state
+
+
+SDPA = "scaled_dot_product_attention"
+MHSA, CROSS = "MultiHeadSelfAttention", "CrossAttention"
+ENC, DEC = "TransformerEncoderBlock", "TransformerDecoderBlock"
+
+
+def sdpa(q, k, v, m=None):
+    return lambda: scaled_dot_product_attention(q, k, v, m)
+
+
+# (who, argument named after "Received:", the call that must raise)
+CASES = {
+    # scaled_dot_product_attention
+    "sdpa-rank-2": (SDPA, "query", sdpa(x(B, D), x(B, D), x(B, D))),
+    "sdpa-rank-mixed": (
+        SDPA,
+        "key",
+        sdpa(x(B, T, D), x(B, S, 2, D), x(B, S, D)),
+    ),
+    "sdpa-batch": (SDPA, "key", sdpa(x(B, T, D), x(3, S, D), x(3, S, D))),
+    "sdpa-length": (SDPA, "value", sdpa(x(B, T, D), x(B, S, D), x(B, 5, D))),
+    "sdpa-features": (SDPA, "key", sdpa(x(B, T, D), x(B, S, 4), x(B, S, D))),
+    "sdpa-heads": (
+        SDPA,
+        "query",
+        sdpa(x(B, T, 3, D), x(B, S, 2, D), x(B, S, 2, D)),
+    ),
+    "sdpa-mask-shape": (
+        SDPA,
+        "mask",
+        sdpa(x(B, T, D), x(B, S, D), x(B, S, D), mask(B, T, 5)),
+    ),
+    "sdpa-mask-rank": (
+        SDPA,
+        "mask",
+        sdpa(x(B, T, D), x(B, S, D), x(B, S, D), mask(S)),
+    ),
+    "sdpa-mask-float": (
+        SDPA,
+        "mask",
+        sdpa(
+            x(B, T, D), x(B, S, D), x(B, S, D), mask(B, T, S, dtype="float32")
+        ),
+    ),
+    # BahdanauAttention
+    "bahdanau-units-0": (
+        "BahdanauAttention",
+        "units",
+        lambda: ka.BahdanauAttention(0),
+    ),
+    "bahdanau-units-neg": (
+        "BahdanauAttention",
+        "units",
+        lambda: ka.BahdanauAttention(-3),
+    ),
+    "bahdanau-units-float": (
+        "BahdanauAttention",
+        "units",
+        lambda: ka.BahdanauAttention(2.5),
+    ),
+    "bahdanau-dropout": (
+        "BahdanauAttention",
+        "dropout",
+        lambda: ka.BahdanauAttention(4, dropout=1.0),
+    ),
+    "bahdanau-query-rank": (
+        "BahdanauAttention",
+        "query",
+        lambda: ka.BahdanauAttention(4)(x(B, T, 1, D), x(B, S, D)),
+    ),
+    "bahdanau-value-rank": (
+        "BahdanauAttention",
+        "value",
+        lambda: ka.BahdanauAttention(4)(x(B, D), x(B, D)),
+    ),
+    "bahdanau-batch": (
+        "BahdanauAttention",
+        "query",
+        lambda: ka.BahdanauAttention(4)(x(3, D), x(B, S, D)),
+    ),
+    "bahdanau-key-length": (
+        "BahdanauAttention",
+        "key",
+        lambda: ka.BahdanauAttention(4)(x(B, D), x(B, S, D), key=x(B, 5, D)),
+    ),
+    "bahdanau-mask-shape": (
+        "BahdanauAttention",
+        "value_mask",
+        lambda: ka.BahdanauAttention(4)(
+            x(B, D), x(B, S, D), value_mask=mask(B, 5)
+        ),
+    ),
+    "bahdanau-mask-float": (
+        "BahdanauAttention",
+        "value_mask",
+        lambda: ka.BahdanauAttention(4)(
+            x(B, D), x(B, S, D), value_mask=mask(B, S, dtype="float32")
+        ),
+    ),
+    # LuongAttention
+    "luong-score": (
+        "LuongAttention",
+        "score",
+        lambda: ka.LuongAttention("cosine"),
+    ),
+    "luong-concat-units": (
+        "LuongAttention",
+        "units",
+        lambda: ka.LuongAttention("concat"),
+    ),
+    "luong-units-unused": (
+        "LuongAttention",
+        "units",
+        lambda: ka.LuongAttention("dot", units=4),
+    ),
+    "luong-dropout": (
+        "LuongAttention",
+        "dropout",
+        lambda: ka.LuongAttention(dropout=-0.1),
+    ),
+    "luong-dot-dims": (
+        "LuongAttention",
+        "query.shape[-1]",
+        lambda: ka.LuongAttention("dot")(x(B, 4), x(B, S, D)),
+    ),
+    "luong-value-rank": (
+        "LuongAttention",
+        "value",
+        lambda: ka.LuongAttention()(x(B, D), x(B, S, 1, D)),
+    ),
+    "luong-mask-shape": (
+        "LuongAttention",
+        "value_mask",
+        lambda: ka.LuongAttention()(x(B, D), x(B, S, D), value_mask=mask(S)),
+    ),
+    # AttentionDecoder
+    "decoder-cell": (
+        "AttentionDecoder",
+        "cell",
+        lambda: ka.AttentionDecoder(
+            keras.layers.Dense(4), ka.BahdanauAttention(4)
+        ),
+    ),
+    "decoder-attention": (
+        "AttentionDecoder",
+        "attention",
+        lambda: ka.AttentionDecoder(
+            keras.layers.GRUCell(4), keras.layers.Attention()
+        ),
+    ),
+    "decoder-flow": (
+        "AttentionDecoder",
+        "flow",
+        lambda: gru_decoder(flow="mixed"),
+    ),
+    "decoder-attention-dim": (
+        "AttentionDecoder",
+        "attention_dim",
+        lambda: gru_decoder(attention_dim=0),
+    ),
+    "decoder-cell-dropout": (
+        "AttentionDecoder",
+        "cell.dropout",
+        lambda: ka.AttentionDecoder(
+            keras.layers.GRUCell(4, dropout=0.2), ka.BahdanauAttention(4)
+        ),
+    ),
+    "decoder-inputs-rank": (
+        "AttentionDecoder",
+        "inputs",
+        lambda: gru_decoder()(x(B, D), x(B, S, D)),
+    ),
+    "decoder-encoder-rank": (
+        "AttentionDecoder",
+        "encoder_outputs",
+        lambda: gru_decoder()(x(B, T, D), x(B, D)),
+    ),
+    "decoder-batch": (
+        "AttentionDecoder",
+        "encoder_outputs",
+        lambda: gru_decoder()(x(B, T, D), x(3, S, D)),
+    ),
+    "decoder-mask-shape": (
+        "AttentionDecoder",
+        "encoder_padding_mask",
+        lambda: gru_decoder()(
+            x(B, T, D), x(B, S, D), encoder_padding_mask=mask(B, 5)
+        ),
+    ),
+    "decoder-mask-float": (
+        "AttentionDecoder",
+        "encoder_padding_mask",
+        lambda: gru_decoder()(
+            x(B, T, D),
+            x(B, S, D),
+            encoder_padding_mask=mask(B, S, dtype="float32"),
+        ),
+    ),
+    "decoder-initial-state": (
+        "AttentionDecoder",
+        "initial_state",
+        lambda: gru_decoder()(x(B, T, D), x(B, S, D), initial_state=[x(B, 3)]),
+    ),
+    # MultiHeadSelfAttention
+    "mhsa-heads-0": (MHSA, "num_heads", lambda: ka.MultiHeadSelfAttention(0)),
+    "mhsa-heads-float": (
+        MHSA,
+        "num_heads",
+        lambda: ka.MultiHeadSelfAttention(2.0),
+    ),
+    "mhsa-key-dim": (
+        MHSA,
+        "key_dim",
+        lambda: ka.MultiHeadSelfAttention(2, key_dim=-4),
+    ),
+    "mhsa-value-dim": (
+        MHSA,
+        "value_dim",
+        lambda: ka.MultiHeadSelfAttention(2, value_dim=0),
+    ),
+    "mhsa-kv-heads": (
+        MHSA,
+        "num_key_value_heads",
+        lambda: ka.MultiHeadSelfAttention(4, num_key_value_heads=3),
+    ),
+    "mhsa-dropout": (
+        MHSA,
+        "dropout",
+        lambda: ka.MultiHeadSelfAttention(2, dropout=1.5),
+    ),
+    "mhsa-rank": (
+        MHSA,
+        "inputs",
+        lambda: ka.MultiHeadSelfAttention(2)(x(B, D)),
+    ),
+    "mhsa-divisible": (
+        MHSA,
+        "inputs",
+        lambda: ka.MultiHeadSelfAttention(3)(x(B, T, D)),
+    ),
+    "mhsa-rotary-odd": (
+        MHSA,
+        "key_dim",
+        lambda: ka.MultiHeadSelfAttention(2, 3, use_rotary=True)(x(B, T, D)),
+    ),
+    "mhsa-padding-shape": (
+        MHSA,
+        "padding_mask",
+        lambda: ka.MultiHeadSelfAttention(2)(
+            x(B, T, D), padding_mask=mask(B, 5)
+        ),
+    ),
+    "mhsa-padding-float": (
+        MHSA,
+        "padding_mask",
+        lambda: ka.MultiHeadSelfAttention(2)(
+            x(B, T, D), padding_mask=mask(B, T, dtype="float32")
+        ),
+    ),
+    "mhsa-attention-mask-shape": (
+        MHSA,
+        "attention_mask",
+        lambda: ka.MultiHeadSelfAttention(2)(
+            x(B, T, D), attention_mask=mask(B, T, 5)
+        ),
+    ),
+    "mhsa-cache-index": (
+        MHSA,
+        "cache_index",
+        lambda: ka.MultiHeadSelfAttention(2)(
+            x(B, 1, D), cache=x(B, 2, 4, 2, 4)
+        ),
+    ),
+    "mhsa-cache-overflow": (
+        MHSA,
+        "cache_index",
+        lambda: ka.MultiHeadSelfAttention(2)(
+            x(B, 1, D), cache=x(B, 2, 4, 2, 4), cache_index=4
+        ),
+    ),
+    # CrossAttention
+    "cross-heads": (CROSS, "num_heads", lambda: ka.CrossAttention(-1)),
+    "cross-query-rank": (
+        CROSS,
+        "query",
+        lambda: ka.CrossAttention(2)(x(B, D), x(B, S, D)),
+    ),
+    "cross-value-rank": (
+        CROSS,
+        "value",
+        lambda: ka.CrossAttention(2)(x(B, T, D), x(B, D)),
+    ),
+    "cross-batch": (
+        CROSS,
+        "value",
+        lambda: ka.CrossAttention(2)(x(B, T, D), x(3, S, D)),
+    ),
+    "cross-key-length": (
+        CROSS,
+        "key",
+        lambda: ka.CrossAttention(2)(x(B, T, D), x(B, S, D), key=x(B, 5, D)),
+    ),
+    "cross-mask-shape": (
+        CROSS,
+        "value_mask",
+        lambda: ka.CrossAttention(2)(
+            x(B, T, D), x(B, S, D), value_mask=mask(B, T)
+        ),
+    ),
+    "cross-mask-float": (
+        CROSS,
+        "value_mask",
+        lambda: ka.CrossAttention(2)(
+            x(B, T, D), x(B, S, D), value_mask=mask(B, S, dtype="float32")
+        ),
+    ),
+    # Positions
+    "sinusoidal-wavelength": (
+        "PositionalEncoding",
+        "max_wavelength",
+        lambda: ka.PositionalEncoding(max_wavelength=0),
+    ),
+    "sinusoidal-rank": (
+        "PositionalEncoding",
+        "inputs",
+        lambda: ka.PositionalEncoding()(x(B, T)),
+    ),
+    "sinusoidal-start": (
+        "PositionalEncoding",
+        "start_index",
+        lambda: ka.PositionalEncoding()(x(B, T, D), start_index=-1),
+    ),
+    "learned-length": (
+        "PositionEmbedding",
+        "max_length",
+        lambda: ka.PositionEmbedding(0),
+    ),
+    "learned-rank": (
+        "PositionEmbedding",
+        "inputs",
+        lambda: ka.PositionEmbedding(4)(x(B, 4)),
+    ),
+    "learned-overflow": (
+        "PositionEmbedding",
+        "start_index",
+        lambda: ka.PositionEmbedding(4)(x(B, T, D), start_index=2),
+    ),
+    "rotary-wavelength": (
+        "RotaryEmbedding",
+        "max_wavelength",
+        lambda: ka.RotaryEmbedding(max_wavelength=-1.0),
+    ),
+    "rotary-odd": (
+        "RotaryEmbedding",
+        "inputs",
+        lambda: ka.RotaryEmbedding()(x(B, T, 5)),
+    ),
+    "rotary-rank": (
+        "RotaryEmbedding",
+        "inputs",
+        lambda: ka.RotaryEmbedding()(x(B, D)),
+    ),
+    # TransformerEncoderBlock
+    "encoder-heads": (
+        ENC,
+        "num_heads",
+        lambda: ka.TransformerEncoderBlock(0, 16),
+    ),
+    "encoder-intermediate": (
+        ENC,
+        "intermediate_dim",
+        lambda: ka.TransformerEncoderBlock(2, -16),
+    ),
+    "encoder-dropout": (
+        ENC,
+        "dropout",
+        lambda: ka.TransformerEncoderBlock(2, 16, dropout=1),
+    ),
+    "encoder-epsilon": (
+        ENC,
+        "layer_norm_epsilon",
+        lambda: ka.TransformerEncoderBlock(2, 16, layer_norm_epsilon=0),
+    ),
+    "encoder-rank": (
+        ENC,
+        "inputs",
+        lambda: ka.TransformerEncoderBlock(2, 16)(x(B, D)),
+    ),
+    "encoder-padding-shape": (
+        ENC,
+        "padding_mask",
+        lambda: ka.TransformerEncoderBlock(2, 16)(
+            x(B, T, D), padding_mask=mask(T)
+        ),
+    ),
+    # TransformerDecoderBlock
+    "decoder-block-intermediate": (
+        DEC,
+        "intermediate_dim",
+        lambda: ka.TransformerDecoderBlock(2, 0),
+    ),
+    "decoder-block-rank": (
+        DEC,
+        "inputs",
+        lambda: ka.TransformerDecoderBlock(2, 16)(x(B, D)),
+    ),
+    "decoder-block-encoder-rank": (
+        DEC,
+        "encoder_outputs",
+        lambda: ka.TransformerDecoderBlock(2, 16)(x(B, T, D), x(B, D)),
+    ),
+    "decoder-block-batch": (
+        DEC,
+        "encoder_outputs",
+        lambda: ka.TransformerDecoderBlock(2, 16)(x(B, T, D), x(3, S, D)),
+    ),
+    "decoder-block-encoder-mask": (
+        DEC,
+        "encoder_padding_mask",
+        lambda: ka.TransformerDecoderBlock(2, 16)(
+            x(B, T, D), encoder_padding_mask=mask(B, S)
+        ),
+    ),
+    "decoder-block-encoder-mask-shape": (
+        DEC,
+        "encoder_padding_mask",
+        lambda: ka.TransformerDecoderBlock(2, 16)(
+            x(B, T, D), x(B, S, D), encoder_padding_mask=mask(B, T + S)
+        ),
+    ),
+    # Decoding and plots
+    "beam-width": (
+        "beam_search",
+        "beam_width",
+        lambda: decoding.beam_search(step_fn, (), np.zeros(B, "int32"), 3, 0),
+    ),
+    "max-length": (
+        "greedy_search",
+        "max_length",
+        lambda: decoding.greedy_search(step_fn, (), np.zeros(B, "int32"), 0),
+    ),
+    "temperature": (
+        "sample",
+        "temperature",
+        lambda: decoding.sample(
+            step_fn, (), np.zeros(B, "int32"), 3, temperature=0
+        ),
+    ),
+    "top-k": (
+        "sample",
+        "top_k",
+        lambda: decoding.sample(step_fn, (), np.zeros(B, "int32"), 3, top_k=0),
+    ),
+    "top-p": (
+        "sample",
+        "top_p",
+        lambda: decoding.sample(
+            step_fn, (), np.zeros(B, "int32"), 3, top_p=1.5
+        ),
+    ),
+    "plot-weights": (
+        "plot_attention",
+        "weights",
+        lambda: plot_attention(x(3), ["a"], ["b"]),
+    ),
+    "plot-tokens": (
+        "plot_attention",
+        "source_tokens",
+        lambda: plot_attention(x(2, 3), ["a", "b"], ["x", "y"]),
+    ),
+}
+
+
+def our_message(error, who):
+    """The library's own line of an error (Keras wraps errors raised in
+    `call` with "Exception encountered when calling ..." and the call's
+    arguments)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # terminal colours
+    lines = [line.strip() for line in text.splitlines()]
+    return next((line for line in lines if line.startswith(who)), text)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_a_clear_value_error(case):
+    who, argument, call = CASES[case]
+    with pytest.raises(ValueError) as info:
+        call()
+    message = our_message(info.value, who)
+    assert message.startswith(who), message
+    received = message.split("Received:", 1)
+    assert len(received) == 2, message
+    assert argument in received[1], message
+
+
+def test_every_public_layer_is_fuzzed():
+    layers = {
+        name
+        for name in ka.__all__
+        if isinstance(getattr(ka, name), type)
+        and issubclass(getattr(ka, name), keras.layers.Layer)
+    }
+    assert layers - {"AttentionMechanism"} <= {
+        who for who, _, _ in CASES.values()
+    }
