@@ -70,7 +70,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--sequence-length", type=int, default=128)
-    parser.add_argument("--windows", type=int, default=16000)
+    parser.add_argument("--windows", type=int, default=20000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
