@@ -323,8 +323,11 @@ def scaled_dot_product_attention(
     mask = _check_inputs(query, key, value, mask)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    if not return_attention_scores and _fused_kernel_available():
-        return _fused_attention(query, key, value, mask, is_causal, scale)
+    if not return_attention_scores:
+        if _fused_kernel_available():
+            return _fused_attention(query, key, value, mask, is_causal, scale)
+        if _chunks_pay_off(query, key):
+            return _chunked_attention(query, key, value, mask, is_causal, scale)
     if is_causal:
         causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])  # (T, S)
         mask = merge_masks(mask, causal)
@@ -526,7 +529,17 @@ def _shape_str(target):
 # is zeroed on those rows, which makes both paths agree on every input. On
 # TensorFlow, and on JAX without a GPU, it is the same XLA computation as the
 # reference path, so it is not used there.
+#
+# Where no fused kernel runs (TensorFlow; JAX on CPU), long sequences take a
+# memory-efficient path instead: the queries are processed in chunks of
+# `_CHUNK` rows, and each chunk is rematerialised in the backward pass
+# (`jax.checkpoint`, `tf.recompute_grad`), so a training step never holds
+# the whole `(B, N, T, S)` weight matrix. Each chunk runs the reference
+# computation on its rows, so the numbers are the reference path's.
 # --------------------------------------------------------------------------
+
+_CHUNK = 256  # query rows per chunk
+_CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 
 
 def _fused_kernel_available() -> bool:
@@ -563,3 +576,53 @@ def _fused_attention(query, key, value, mask, is_causal, scale):
     if single_head:
         output = ops.squeeze(output, 2)  # (B, T, V)
     return output
+
+
+def _chunks_pay_off(query, key) -> bool:
+    query_length, key_length = query.shape[1], key.shape[1]
+    return (
+        keras.backend.backend() in ("jax", "tensorflow")
+        and query_length is not None
+        and key_length is not None
+        and query_length >= _CHUNKED_MIN_LENGTH
+        and key_length >= _CHUNK
+    )
+
+
+def _chunked_attention(query, key, value, mask, is_causal, scale):
+    rank = len(query.shape)
+    if mask is not None:
+        mask = _expand_mask(mask, 3 if rank == 3 else 4)  # (..., T|1, S)
+    length, key_length = query.shape[1], key.shape[1]
+    outputs = []
+    for start in range(0, length, _CHUNK):
+        rows = min(_CHUNK, length - start)
+
+        def chunk(query, key, value, mask=None, start=start, rows=rows):
+            if is_causal:
+                causal = causal_mask(rows, key_length, offset=start)
+                mask = merge_masks(mask, causal)  # (..., C, S)
+            return attend(attention_weights(query, key, mask, scale), value)
+
+        query_rows = query[:, start : start + rows]  # (B, C, [N,] H)
+        arguments = [query_rows, key, value]
+        if mask is not None:
+            arguments.append(
+                mask
+                if mask.shape[-2] == 1
+                else mask[..., start : start + rows, :]
+            )  # (..., C|1, S)
+        outputs.append(_rematerialized(chunk)(*arguments))
+    return ops.concatenate(outputs, axis=1)  # (B, T, [N,] V)
+
+
+def _rematerialized(fn):
+    """`fn` whose intermediates are recomputed, not stored, for gradients."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.checkpoint(fn)
+    import tensorflow as tf
+
+    return tf.recompute_grad(fn)

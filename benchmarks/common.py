@@ -1,0 +1,97 @@
+"""Shared benchmark helpers: timing, compilation, machine facts, JSON.
+
+Every benchmark runs on the backend of `KERAS_BACKEND` (one process per
+backend), measures all candidates side by side in one run and reports
+medians and ratios: the machine is shared and absolute times drift.
+"""
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if os.environ.get("KERAS_BACKEND") == "torch":
+    import torch  # noqa: F401  (torch before tensorflow)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+BACKEND = keras.backend.backend()
+
+
+def compiled(fn):
+    """The backend's compiled form of `fn`, as a user would run it."""
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True)
+    return fn
+
+
+def block(result):
+    """Waits for `result` (any nest of tensors) to be computed."""
+    for leaf in keras.tree.flatten(result):
+        if hasattr(leaf, "block_until_ready"):  # JAX dispatches async
+            leaf.block_until_ready()
+        elif BACKEND == "tensorflow" and hasattr(leaf, "numpy"):
+            leaf.numpy()
+    return result
+
+
+def median_seconds(fn, repeats=5, warmup=1):
+    """Median wall time of `fn()` after `warmup` calls (compilation)."""
+    for _ in range(warmup):
+        block(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        block(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_gflops(size=1024, repeats=5):
+    """The machine's float32 matmul throughput through this backend."""
+    rng = np.random.default_rng(0)
+    a = keras.ops.convert_to_tensor(rng.normal(size=(size, size)), "float32")
+    b = keras.ops.convert_to_tensor(rng.normal(size=(size, size)), "float32")
+    matmul = compiled(lambda x, y: keras.ops.matmul(x, y))
+    seconds = median_seconds(lambda: matmul(a, b), repeats=repeats)
+    return 2 * size**3 / seconds / 1e9
+
+
+def machine():
+    return {
+        "backend": BACKEND,
+        "keras": keras.__version__,
+        "processor": _cpu_name(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def _cpu_name():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write(name, payload):
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}_{BACKEND}.json"
+    path.write_text(json.dumps({**machine(), **payload}, indent=2))
+    print(f"wrote {path}")
+    return path
