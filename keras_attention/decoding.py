@@ -12,7 +12,9 @@ the source (only needed by `coverage_penalty`), and `state` any nested
 structure of tensors whose leading axis is the batch. Everything that is
 per example (decoder states, KV caches, encoder outputs and their masks)
 belongs in `state`, not in the step function's closure: beam search tiles
-the state to `B·K` rows and reorders it after every step.
+the state to `B·K` rows and reorders it after every step. Leaves without
+a batch axis (Python numbers, scalar tensors such as a cache position) are
+shared by all rows and passed through.
 
 Shape legend: B batch, K beams, V vocabulary, L generated length, S source.
 """
@@ -203,7 +205,7 @@ def beam_search(
     batch, beams = start.shape[0], beam_width
     flat = batch * beams
     state = keras.tree.map_structure(
-        lambda x: ops.repeat(x, beams, axis=0), state
+        lambda x: x if _shared(x) else ops.repeat(x, beams, axis=0), state
     )  # (B·K, ...)
     tokens = np.repeat(start, beams)
     totals = np.full((batch, beams), -np.inf)
@@ -264,7 +266,8 @@ def beam_search(
         )
         order = (rows * beams + parent).reshape(flat)
         state = keras.tree.map_structure(
-            lambda x, order=order: ops.take(x, order, axis=0), state
+            lambda x, order=order: x if _shared(x) else ops.take(x, order, 0),
+            state,
         )
         tokens = token.reshape(flat).astype("int32")
         if finished.all():
@@ -282,6 +285,12 @@ def beam_search(
         ops.convert_to_tensor(sequences, "int32"),
         ops.convert_to_tensor(final.astype("float32")),
     )
+
+
+def _shared(leaf) -> bool:
+    """A state leaf without a batch axis (a Python number, a scalar tensor
+    such as a cache position): shared by all rows, never tiled."""
+    return not hasattr(leaf, "shape") or len(leaf.shape) == 0
 
 
 def _check_max_length(name, max_length):

@@ -300,3 +300,36 @@ def test_bad_arguments(call, received):
     model = PrefixModel()
     with pytest.raises(ValueError, match=received):
         call(model.step, model.initial_state(1))
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_beam_search_passes_scalar_state_through(as_tensor):
+    """A cache position kept as a Python int or a scalar tensor is shared by
+    all beams: neither tiled nor reordered."""
+    table = np.log(
+        np.array(
+            [[0.1, 0.5, 0.4], [0.34, 0.33, 0.33], [0.9, 0.05, 0.05]],
+            "float32",
+        )
+    )
+    seen = []
+
+    def step_fn(ids, state):
+        index = state["index"]
+        seen.append(int(keras.ops.convert_to_numpy(index)))
+        assert len(getattr(index, "shape", ())) == 0
+        logits = keras.ops.take(keras.ops.convert_to_tensor(table), ids, 0)
+        return logits, {**state, "index": index + 1}
+
+    start = keras.ops.convert_to_tensor(0, "int32") if as_tensor else 0
+    ids, _ = beam_search(
+        step_fn, {"index": start}, np.array([0, 0]), 3, beam_width=2
+    )
+    assert seen == [0, 1, 2]
+    expected, _ = beam_search(
+        lambda i, s: (keras.ops.take(table, i, 0), s), (), np.array([0, 0]),
+        3, beam_width=2,
+    )  # fmt: skip
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(ids), keras.ops.convert_to_numpy(expected)
+    )
