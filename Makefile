@@ -84,8 +84,15 @@ clean:
 	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache .hypothesis \
 		node_modules $(KATEX)
 
+# Every benchmark once per backend, each in its own process, then the
+# tables and plots of docs/performance.md. BENCH_ARGS=--quick for a short run.
+BENCHMARKS := layers memory generation rnn_decoder
+BENCH_ARGS ?=
 bench: $(STAMP)
-	for backend in $(BACKENDS); do \
-		KERAS_BACKEND=$$backend $(BIN)/python benchmarks/attention_kernels.py \
-			|| exit 1; \
+	cd benchmarks && for backend in $(BACKENDS); do \
+		for bench in $(BENCHMARKS); do \
+			KERAS_BACKEND=$$backend ../$(BIN)/python $$bench.py \
+				$(BENCH_ARGS) || exit 1; \
+		done; \
 	done
+	$(BIN)/python benchmarks/report.py

@@ -19,14 +19,13 @@ time is also given as a fraction of the machine's matmul throughput.
 
 import argparse
 
+import keras
+import numpy as np
 from common import BACKEND
 from common import compiled
 from common import matmul_gflops
 from common import median_seconds
 from common import write
-
-import keras
-import numpy as np
 
 import keras_attention as ka
 
@@ -40,6 +39,11 @@ def attention_flops(length, train):
     projections = 4 * 2 * B * length * D * D
     attention = 2 * 2 * B * length * length * D
     return (projections + attention) * (3 if train else 1)
+
+
+def kernel_flops(length, train):
+    """The attention kernel alone (no projections)."""
+    return 2 * 2 * B * length * length * D * (3 if train else 1)
 
 
 def block_flops(length, train):
@@ -148,28 +152,25 @@ def main():
         x = rng.normal(size=(B, length, D)).astype("float32")
         times = {}
         for name, (factory, call, flops) in keras_candidates().items():
-            times[name] = time_keras(factory, call, x, repeats)
+            times[name] = (*time_keras(factory, call, x, repeats), flops)
         if BACKEND == "torch":
-            times.update(time_torch_baselines(x, repeats))
-        for name, (forward_s, train_s) in times.items():
-            flops = (block_flops if "block" in name else attention_flops)(
-                length, False
-            )
-            train_flops = (
-                block_flops if "block" in name else attention_flops
-            )(length, True)
-            if name == "torch_sdpa_kernel":
-                flops = 2 * 2 * B * length * length * D
-                train_flops = 3 * flops
+            for name, timing in time_torch_baselines(x, repeats).items():
+                flops = kernel_flops if "kernel" in name else attention_flops
+                times[name] = (*timing, flops)
+        for name, (forward_s, train_s, flops) in times.items():
             rows.append(
                 {
                     "T": length,
                     "name": name,
                     "forward_ms": forward_s * 1e3,
                     "train_ms": train_s * 1e3,
-                    "forward_fraction_of_matmul": flops / forward_s / 1e9
+                    "forward_fraction_of_matmul": flops(length, False)
+                    / forward_s
+                    / 1e9
                     / gflops,
-                    "train_fraction_of_matmul": train_flops / train_s / 1e9
+                    "train_fraction_of_matmul": flops(length, True)
+                    / train_s
+                    / 1e9
                     / gflops,
                 }
             )

@@ -27,10 +27,9 @@ CANDIDATES = ("ours", "keras_mha")
 
 
 def child(name, length):
-    from common import BACKEND  # noqa: F401  (imports torch first)
-
     import keras
     import numpy as np
+    from common import BACKEND  # noqa: F401  (imports torch first)
 
     import keras_attention as ka
 

@@ -1,0 +1,127 @@
+"""Greedy generation tokens/s: our KV cache, keras-hub's, and no cache.
+
+A decoder-only model (vocabulary 1000, d=256, 4 heads, feed-forward 1024,
+2 blocks, random weights) generates 128 new tokens after one start token
+at batch 1 and 8, driven by `keras_attention.decoding.greedy_search`:
+
+* `ours_cached`: `TransformerDecoderBlock` with `init_cache`;
+* `keras_hub_cached`: keras-hub's `TransformerDecoder` with its
+  `self_attention_cache` (same sizes, the same loop);
+* `ours_uncached`: our blocks re-run on the whole (fixed-size, causally
+  masked) sequence at every step.
+
+Each step function is compiled as a user would compile it (`jax.jit`,
+`tf.function(jit_compile=True)`; eager on torch); the first generation
+(compilation) is not timed.
+
+    KERAS_BACKEND=jax python benchmarks/generation.py [--quick]
+"""
+
+import argparse
+
+import keras
+import numpy as np
+from common import compiled
+from common import median_seconds
+from common import write
+from keras import ops
+
+import keras_attention as ka
+from keras_attention.decoding import greedy_search
+
+VOCAB, D, HEADS, FFN, LAYERS = 1000, 256, 4, 1024, 2
+
+
+class Model:
+    def __init__(self, kind, max_length):
+        keras.utils.set_random_seed(0)
+        self.kind, self.max_length = kind, max_length
+        self.embedding = keras.layers.Embedding(VOCAB, D)
+        self.positions = ka.PositionalEncoding()
+        if kind == "keras_hub_cached":
+            import keras_hub
+
+            self.blocks = [
+                keras_hub.layers.TransformerDecoder(FFN, HEADS)
+                for _ in range(LAYERS)
+            ]
+        else:
+            self.blocks = [
+                ka.TransformerDecoderBlock(HEADS, FFN) for _ in range(LAYERS)
+            ]
+        self.head = keras.layers.Dense(VOCAB)
+        ids = np.zeros((1, 4), "int32")
+        x = self.positions(self.embedding(ids))
+        for block in self.blocks:
+            x = block(x)
+        self.head(x)
+
+    def initial_state(self, batch):
+        index = ops.convert_to_tensor(0, "int32")
+        if self.kind == "ours_uncached":
+            buffer = ops.zeros((batch, self.max_length), "int32")
+            return {"tokens": buffer, "index": index}
+        if self.kind == "ours_cached":
+            caches = [
+                block.init_cache(batch, self.max_length)
+                for block in self.blocks
+            ]
+        else:
+            shape = (batch, 2, self.max_length, HEADS, D // HEADS)
+            caches = [ops.zeros(shape) for _ in self.blocks]
+        return {"caches": caches, "index": index}
+
+    def step(self, ids, state):
+        index = state["index"]
+        if self.kind == "ours_uncached":
+            positions = ops.arange(self.max_length)[None, :]  # (1, L)
+            tokens = ops.where(
+                positions == index, ids[:, None], state["tokens"]
+            )
+            x = self.positions(self.embedding(tokens))  # (B, L, D)
+            for block in self.blocks:
+                x = block(x)
+            logits = self.head(ops.take(x, index, axis=1))  # (B, V)
+            return logits, {"tokens": tokens, "index": index + 1}
+        x = self.positions(self.embedding(ids[:, None]), start_index=index)
+        caches = []
+        for block, cache in zip(self.blocks, state["caches"], strict=True):
+            if self.kind == "ours_cached":
+                x, cache = block(x, cache=cache, cache_index=index)
+            else:
+                x, cache = block(
+                    x,
+                    self_attention_cache=cache,
+                    self_attention_cache_update_index=index,
+                )
+            caches.append(cache)
+        return self.head(x[:, 0]), {"caches": caches, "index": index + 1}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    new_tokens = 32 if args.quick else 128
+    rows = []
+    for kind in ("ours_cached", "keras_hub_cached", "ours_uncached"):
+        model = Model(kind, new_tokens + 1)
+        step = compiled(model.step)
+        for batch in (1, 8):
+            starts = np.ones(batch, "int32")
+
+            def generate(model=model, step=step, batch=batch, starts=starts):
+                return greedy_search(
+                    step, model.initial_state(batch), starts, new_tokens
+                )
+
+            seconds = median_seconds(generate, repeats=3)
+            rate = batch * new_tokens / seconds
+            rows.append({"name": kind, "batch": batch, "tokens_per_s": rate})
+            print(f"{kind:18s} batch {batch}: {rate:8.0f} tokens/s")
+        keras.backend.clear_session()
+    write("generation", {"new_tokens": new_tokens, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
