@@ -594,26 +594,47 @@ def _chunked_attention(query, key, value, mask, is_causal, scale):
     if mask is not None:
         mask = _expand_mask(mask, 3 if rank == 3 else 4)  # (..., T|1, S)
     length, key_length = query.shape[1], key.shape[1]
-    outputs = []
-    for start in range(0, length, _CHUNK):
-        rows = min(_CHUNK, length - start)
+    chunks = -(-length // _CHUNK)
+    pad = chunks * _CHUNK - length
+    # A sequential loop over equal chunks (`ops.map`), so that one chunk's
+    # buffers are live at a time; the last chunk is padded with queries
+    # whose outputs are dropped.
+    rows = _to_chunks(query, 1, pad, chunks)  # (chunks, B, C, [N,] H)
+    chunked_mask = mask is not None and mask.shape[-2] != 1
+    if chunked_mask:
+        mask_rows = _to_chunks(mask, len(mask.shape) - 2, pad, chunks)
+    starts = ops.arange(chunks) * _CHUNK  # first query position per chunk
 
-        def chunk(query, key, value, mask=None, start=start, rows=rows):
-            if is_causal:
-                causal = causal_mask(rows, key_length, offset=start)
-                mask = merge_masks(mask, causal)  # (..., C, S)
-            return attend(attention_weights(query, key, mask, scale), value)
+    def chunk(inputs):
+        query_rows, start = inputs[0], inputs[1]
+        rows_mask = inputs[2] if chunked_mask else mask  # (..., C|1, S)
+        if is_causal:
+            causal = causal_mask(_CHUNK, key_length, offset=start)  # (C, S)
+            rows_mask = merge_masks(rows_mask, causal)
+        weights = attention_weights(query_rows, key, rows_mask, scale)
+        return attend(weights, value)  # (B, C, [N,] V)
 
-        query_rows = query[:, start : start + rows]  # (B, C, [N,] H)
-        arguments = [query_rows, key, value]
-        if mask is not None:
-            arguments.append(
-                mask
-                if mask.shape[-2] == 1
-                else mask[..., start : start + rows, :]
-            )  # (..., C|1, S)
-        outputs.append(_rematerialized(chunk)(*arguments))
-    return ops.concatenate(outputs, axis=1)  # (B, T, [N,] V)
+    inputs = (rows, starts, mask_rows) if chunked_mask else (rows, starts)
+    outputs = ops.map(_rematerialized(chunk), inputs)  # (chunks, B, C, ...)
+    outputs = ops.moveaxis(outputs, 0, 1)  # (B, chunks, C, [N,] V)
+    outputs = ops.reshape(
+        outputs, (-1, chunks * _CHUNK, *outputs.shape[3:])
+    )  # (B, T + pad, [N,] V)
+    return outputs[:, :length]
+
+
+def _to_chunks(tensor, axis, pad, chunks):
+    """`tensor` with `axis` padded by `pad` and split into `chunks` equal
+    pieces stacked on a new leading axis."""
+    if pad:
+        widths = [(0, 0)] * len(tensor.shape)
+        widths[axis] = (0, pad)
+        tensor = ops.pad(tensor, widths)
+    shape = ops.shape(tensor)
+    tensor = ops.reshape(
+        tensor, (*shape[:axis], chunks, _CHUNK, *shape[axis + 1 :])
+    )
+    return ops.moveaxis(tensor, axis, 0)
 
 
 def _rematerialized(fn):
