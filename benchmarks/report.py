@@ -80,9 +80,9 @@ def layers_section():
         if ("torch_mha", lengths[0]) in rows:
             lines += [
                 "",
-                "| T | torch.nn.MultiheadAttention train | ours / torch "
-                "| torch MHA forward (eval fast path) | ours / torch "
-                "| raw SDPA kernel train / forward |",
+                "| T | torch.nn.MultiheadAttention train | time ours / torch "
+                "| torch MHA forward (eval fast path) | time ours / torch "
+                "| raw SDPA kernel alone, train / forward |",
                 "| --- | --- | --- | --- | --- | --- |",
             ]
             for t in lengths:
