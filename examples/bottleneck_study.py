@@ -16,7 +16,6 @@ plots them.
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -55,11 +54,9 @@ def bucket_edges(lengths, buckets):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.backend:
-        os.environ["KERAS_BACKEND"] = args.backend
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if os.environ.get("KERAS_BACKEND") == "torch":
-        import torch  # noqa: F401
+    from examples.backend import select_backend
+
+    select_backend(args.backend)
     import keras
     import numpy as np
     import sacrebleu

@@ -31,7 +31,6 @@ The last line printed is a JSON summary of the measurements.
 import argparse
 import ast
 import json
-import os
 import sys
 import sysconfig
 import time
@@ -285,11 +284,9 @@ def text(ids):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.backend:
-        os.environ["KERAS_BACKEND"] = args.backend
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if os.environ.get("KERAS_BACKEND") == "torch":
-        import torch  # noqa: F401  (before tensorflow, see the tests)
+    from examples.backend import select_backend
+
+    select_backend(args.backend)
     import keras
     import numpy as np
 

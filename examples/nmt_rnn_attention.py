@@ -18,7 +18,6 @@ Choices: `--attention none|bahdanau|luong-dot|luong-general|luong-concat`,
 """
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -54,11 +53,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.backend:
-        os.environ["KERAS_BACKEND"] = args.backend
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if os.environ.get("KERAS_BACKEND") == "torch":
-        import torch  # noqa: F401  (before tensorflow, see the tests)
+    from examples.backend import select_backend
+
+    select_backend(args.backend)
     import keras
 
     from examples import seq2seq

@@ -94,11 +94,37 @@ def build_model(attention, source_size, target_size, units, learning_rate=3e-3):
 
 
 class TranslatorBase:
-    """Evaluation and plots shared by the RNN and Transformer translators.
+    """Decoding, evaluation and plots shared by the RNN and Transformer
+    translators.
 
-    Subclasses provide `greedy(sources)`, `beam(sources, beam_width,
-    length_penalty)` and `alignment(source)`.
+    Subclasses provide `initial_state(sources)`, `step(token_ids, state)`
+    (the step function of `keras_attention.decoding`) and
+    `alignment(source)`, and set `target_vocab` and `max_length`.
     """
+
+    def greedy(self, sources):
+        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
+        ids = greedy_search(
+            self.step,
+            self.initial_state(sources),
+            starts,
+            self.max_length,
+            end_id=self.target_vocab.end_id,
+        )
+        return [self.target_vocab.decode(row) for row in _numpy(ids)]
+
+    def beam(self, sources, beam_width, length_penalty=0.0):
+        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
+        ids, _ = beam_search(
+            self.step,
+            self.initial_state(sources),
+            starts,
+            self.max_length,
+            beam_width=beam_width,
+            end_id=self.target_vocab.end_id,
+            length_penalty=length_penalty,
+        )
+        return [self.target_vocab.decode(row) for row in _numpy(ids)]
 
     def evaluate(self, pairs, beam_width, length_penalty, batch_size=500):
         """Exact match, BLEU and chrF of greedy and beam search."""
@@ -192,30 +218,6 @@ class Translator(TranslatorBase):
             embedded, state["decoder"], state["encoded"], state["mask"]
         )
         return self.head(output), {**state, "decoder": decoder_state}, alignment
-
-    def greedy(self, sources):
-        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
-        ids = greedy_search(
-            self.step,
-            self.initial_state(sources),
-            starts,
-            self.max_length,
-            end_id=self.target_vocab.end_id,
-        )
-        return [self.target_vocab.decode(row) for row in _numpy(ids)]
-
-    def beam(self, sources, beam_width, length_penalty=0.0):
-        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
-        ids, _ = beam_search(
-            self.step,
-            self.initial_state(sources),
-            starts,
-            self.max_length,
-            beam_width=beam_width,
-            end_id=self.target_vocab.end_id,
-            length_penalty=length_penalty,
-        )
-        return [self.target_vocab.decode(row) for row in _numpy(ids)]
 
     def alignment(self, source):
         """The greedy translation's target tokens and its `(T, S)` weights."""
@@ -364,30 +366,6 @@ class TransformerTranslator(TranslatorBase):
             "caches": caches,
             "index": state["index"] + 1,
         }
-
-    def greedy(self, sources):
-        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
-        ids = greedy_search(
-            self.step,
-            self.initial_state(sources),
-            starts,
-            self.max_length,
-            end_id=self.target_vocab.end_id,
-        )
-        return [self.target_vocab.decode(row) for row in _numpy(ids)]
-
-    def beam(self, sources, beam_width, length_penalty=0.0):
-        starts = np.full(len(sources), self.target_vocab.start_id, "int32")
-        ids, _ = beam_search(
-            self.step,
-            self.initial_state(sources),
-            starts,
-            self.max_length,
-            beam_width=beam_width,
-            end_id=self.target_vocab.end_id,
-            length_penalty=length_penalty,
-        )
-        return [self.target_vocab.decode(row) for row in _numpy(ids)]
 
     def cross_attention(self, source, translation=None):
         """The target tokens of `translation` (by default the greedy one)

@@ -24,7 +24,6 @@ The last line printed is a JSON summary of the metrics.
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -92,11 +91,9 @@ def decode_test_set(translator, pairs, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.backend:
-        os.environ["KERAS_BACKEND"] = args.backend
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if os.environ.get("KERAS_BACKEND") == "torch":
-        import torch  # noqa: F401  (before tensorflow, see the tests)
+    from examples.backend import select_backend
+
+    select_backend(args.backend)
     import keras
 
     from examples import seq2seq
