@@ -249,13 +249,19 @@ def test_fused_dispatch_equals_reference(layout, mask_kind, causal):
     q_shape, kv_shape = LAYOUTS[layout]
     q, k, v = random_qkv(q_shape, kv_shape, value_dim=6)
     mask = make_mask(mask_kind, q_shape, kv_shape)
-    fused = sdpa(q, k, v, mask=mask, is_causal=causal)
+    assert_dispatch_equals_reference(q, k, v, mask, causal)
+
+
+def assert_dispatch_equals_reference(q, k, v, mask, causal):
+    """The path taken without scores (fused or chunked) gives the reference
+    path's outputs and query gradients; returns the outputs."""
+    fast = sdpa(q, k, v, mask=mask, is_causal=causal)
     reference, _ = sdpa(
         q, k, v, mask=mask, is_causal=causal, return_attention_scores=True
     )
-    np.testing.assert_allclose(to_numpy(fused), to_numpy(reference), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(fast), to_numpy(reference), atol=1e-5)
 
-    def fused_fn(x):
+    def fast_fn(x):
         return sdpa(x, k, v, mask=mask, is_causal=causal)
 
     def reference_fn(x):
@@ -264,8 +270,9 @@ def test_fused_dispatch_equals_reference(layout, mask_kind, causal):
         )[0]
 
     np.testing.assert_allclose(
-        gradient(fused_fn, q), gradient(reference_fn, q), atol=1e-5
+        gradient(fast_fn, q), gradient(reference_fn, q), atol=1e-5
     )
+    return fast
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -285,24 +292,8 @@ def test_memory_efficient_path_equals_reference(layout, causal):
     mask[1, 7] = False  # a query that sees no key
     if BACKEND != "torch" and not F._fused_kernel_available():
         assert F._chunks_pay_off(ops.convert_to_tensor(q), k)
-    fast = sdpa(q, k, v, mask=mask, is_causal=causal)
-    reference, _ = sdpa(
-        q, k, v, mask=mask, is_causal=causal, return_attention_scores=True
-    )
-    np.testing.assert_allclose(to_numpy(fast), to_numpy(reference), atol=1e-5)
+    fast = assert_dispatch_equals_reference(q, k, v, mask, causal)
     assert np.all(to_numpy(fast)[1, 7] == 0)
-
-    def fast_fn(x):
-        return sdpa(x, k, v, mask=mask, is_causal=causal)
-
-    def reference_fn(x):
-        return sdpa(
-            x, k, v, mask=mask, is_causal=causal, return_attention_scores=True
-        )[0]
-
-    np.testing.assert_allclose(
-        gradient(fast_fn, q), gradient(reference_fn, q), atol=1e-5
-    )
 
 
 # --- building blocks -------------------------------------------------------

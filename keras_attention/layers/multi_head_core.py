@@ -85,31 +85,12 @@ class MultiHeadCore(keras.layers.Layer):
         return f"{type(self).__name__} (layer '{self.name}')"
 
     def _validate_arguments(self):
-        arguments = [
-            ("num_heads", self.num_heads, checks.positive_int(self.num_heads)),
-            (
-                "key_dim",
-                self.key_dim,
-                self.key_dim is None or checks.positive_int(self.key_dim),
-            ),
-            (
-                "value_dim",
-                self.value_dim,
-                self.value_dim is None or checks.positive_int(self.value_dim),
-            ),
-            (
-                "num_key_value_heads",
-                self.num_key_value_heads,
-                self.num_key_value_heads is None
-                or checks.positive_int(self.num_key_value_heads),
-            ),
-        ]
-        for name, value, ok in arguments:
-            if not ok:
-                raise ValueError(
-                    f"{self._where()}: `{name}` must be a positive integer. "
-                    f"Received: {name}={value!r}"
-                )
+        where = self._where()
+        checks.check_positive_int(where, "num_heads", self.num_heads)
+        for name in ("key_dim", "value_dim", "num_key_value_heads"):
+            checks.check_positive_int(
+                where, name, getattr(self, name), optional=True
+            )
         if self.num_heads % self.kv_heads:
             raise ValueError(
                 f"{self._where()}: `num_heads` must be a multiple of "
