@@ -10,6 +10,7 @@ from keras import ops
 from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.sublayers import invoke
 
 _FLOWS = ("bahdanau", "luong")
 
@@ -368,8 +369,8 @@ class AttentionDecoder(keras.layers.Layer):
             cell_input = ops.concatenate(
                 [inputs_t, ops.cast(context, inputs_t.dtype)], axis=-1
             )
-            output, new_cell = self.cell(
-                cell_input, cell_state, training=training
+            output, new_cell = invoke(
+                self.cell, cell_input, cell_state, training=training
             )
             new_state = {"cell": _as_list(new_cell), "keys": keys}
             return output, new_state, alignment
@@ -378,12 +379,15 @@ class AttentionDecoder(keras.layers.Layer):
             cell_input = ops.concatenate(
                 [inputs_t, ops.cast(state["feed"], inputs_t.dtype)], axis=-1
             )
-        hidden, new_cell = self.cell(cell_input, cell_state, training=training)
+        hidden, new_cell = invoke(
+            self.cell, cell_input, cell_state, training=training
+        )
         context, alignment = self._attend(
             hidden, encoder_outputs, keys, encoder_padding_mask
         )
-        output = self.attention_projection(
-            ops.concatenate([ops.cast(context, hidden.dtype), hidden], axis=-1)
+        output = invoke(
+            self.attention_projection,
+            ops.concatenate([ops.cast(context, hidden.dtype), hidden], axis=-1),
         )  # (B, A)
         new_state = {"cell": _as_list(new_cell), "keys": keys}
         if self.input_feeding:

@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers import checks
+from keras_attention.layers.sublayers import invoke
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -183,7 +184,7 @@ class AttentionMechanism(keras.layers.Layer):
         if value_mask is not None:
             mask = ops.expand_dims(ops.cast(value_mask, "bool"), 1)  # (B,1,S)
         weights = ops.cast(functional.masked_softmax(scores, mask), value.dtype)
-        dropped = self._dropout_layer(weights, training=training)
+        dropped = invoke(self._dropout_layer, weights, training=training)
         context = functional.attend(dropped, value)  # (B, T, Dv)
         if single_step:
             context = ops.squeeze(context, 1)  # (B, Dv)

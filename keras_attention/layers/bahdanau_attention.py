@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import invoke
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -114,7 +115,7 @@ class BahdanauAttention(AttentionMechanism):
         return config
 
     def project_keys(self, key):
-        return self.key_dense(key)  # (B, S, U)
+        return invoke(self.key_dense, key)  # (B, S, U)
 
     def _build_score(self, query_dim, key_dim):
         self.query_dense.build((None, None, query_dim))
@@ -146,5 +147,5 @@ class BahdanauAttention(AttentionMechanism):
             )
             bias = ops.cast(self.score_bias, self.compute_dtype)
         return functional.additive_score(
-            self.query_dense(query), projected_keys, kernel, bias
+            invoke(self.query_dense, query), projected_keys, kernel, bias
         )  # (B, T, S)

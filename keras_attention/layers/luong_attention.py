@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import invoke
 
 _SCORES = ("dot", "general", "concat")
 
@@ -135,7 +136,9 @@ class LuongAttention(AttentionMechanism):
     def project_keys(self, key):
         if self.score == "dot":
             return key  # (B, S, Dq)
-        return self.key_dense(key)  # (B, S, Dq) general, (B, S, U) concat
+        return invoke(
+            self.key_dense, key
+        )  # (B, S, Dq) general, (B, S, U) concat
 
     def _build_score(self, query_dim, key_dim):
         if self.score == "dot" and query_dim != key_dim:
@@ -163,7 +166,7 @@ class LuongAttention(AttentionMechanism):
     def _score(self, query, projected_keys):
         if self.score == "concat":
             scores = functional.additive_score(
-                self.query_dense(query),
+                invoke(self.query_dense, query),
                 projected_keys,
                 ops.cast(self.score_kernel, self.compute_dtype),
             )  # (B, T, S)

@@ -10,6 +10,7 @@ from keras import ops
 from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers.sublayers import invoke
 
 
 class MultiHeadCore(keras.layers.Layer):
@@ -180,18 +181,20 @@ class MultiHeadCore(keras.layers.Layer):
         return layer
 
     def _project_query(self, query, start_index=0):
-        heads = self.query_dense(query)  # (B, T, N, H)
+        heads = invoke(self.query_dense, query)  # (B, T, N, H)
         if self.use_rotary:
-            heads = self.rotary_embedding(heads, start_index=start_index)
+            heads = invoke(
+                self.rotary_embedding, heads, start_index=start_index
+            )
         return heads
 
     def _project_key_value(self, key, value, start_index=0):
-        key_heads = self.key_dense(key)  # (B, S, K, H)
+        key_heads = invoke(self.key_dense, key)  # (B, S, K, H)
         if self.use_rotary:
-            key_heads = self.rotary_embedding(
-                key_heads, start_index=start_index
+            key_heads = invoke(
+                self.rotary_embedding, key_heads, start_index=start_index
             )
-        return key_heads, self.value_dense(value)  # (B, S, K, V)
+        return key_heads, invoke(self.value_dense, value)  # (B, S, K, V)
 
     def _attend(
         self,
@@ -236,7 +239,7 @@ class MultiHeadCore(keras.layers.Layer):
                 mask=mask,
                 is_causal=is_causal,
             )  # (B, T, N, V)
-        return self.output_dense(heads), scores  # (B, T, D)
+        return invoke(self.output_dense, heads), scores  # (B, T, D)
 
     def _check_mask(self, name, mask, expected):
         checks.check_mask(self._where(), name, mask, expected)

@@ -10,6 +10,7 @@ from keras_attention.layers import checks
 from keras_attention.layers.multi_head_self_attention import (
     MultiHeadSelfAttention,
 )
+from keras_attention.layers.sublayers import invoke
 
 
 class TransformerBlockBase(keras.layers.Layer):
@@ -172,13 +173,13 @@ class TransformerBlockBase(keras.layers.Layer):
         """
         norm = getattr(self, f"{name}_norm")
         dropout = getattr(self, f"{name}_dropout")
-        y, extra = sublayer(norm(x) if self.normalize_first else x)
-        x = x + dropout(y, training=training)
-        return (x if self.normalize_first else norm(x)), extra
+        y, extra = sublayer(invoke(norm, x) if self.normalize_first else x)
+        x = x + invoke(dropout, y, training=training)
+        return (x if self.normalize_first else invoke(norm, x)), extra
 
     def _feedforward(self, x, training):
         def feedforward(y):
-            hidden = self.feedforward_intermediate_dense(y)  # (B, T, F)
-            return self.feedforward_output_dense(hidden), None  # (B, T, D)
+            hidden = invoke(self.feedforward_intermediate_dense, y)  # (B,T,F)
+            return invoke(self.feedforward_output_dense, hidden), None
 
         return self._residual("feedforward", x, feedforward, training)[0]

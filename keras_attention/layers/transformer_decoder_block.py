@@ -8,6 +8,7 @@ import keras
 
 from keras_attention.layers import checks
 from keras_attention.layers.cross_attention import CrossAttention
+from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.transformer_block_base import TransformerBlockBase
 
 
@@ -142,7 +143,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
         scores = {}
 
         def self_attention(x):
-            result = self.self_attention(
+            result = invoke(
+                self.self_attention,
                 x,
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
@@ -160,7 +162,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
         if self.cross_attention is not None:
 
             def cross_attention(x):
-                result = self.cross_attention(
+                result = invoke(
+                    self.cross_attention,
                     x,
                     encoder_outputs,
                     value_mask=encoder_padding_mask,

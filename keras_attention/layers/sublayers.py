@@ -1,0 +1,39 @@
+"""Calling a layer's own sublayers without Keras's per-call bookkeeping.
+
+`Layer.__call__` converts inputs, opens name and autocast scopes, fills in
+`training` and implicit masks and attaches output masks. Inside one of
+this library's layers none of that changes a built sublayer's result in
+inference when its variables are kept in its compute dtype: the outer
+layer has already resolved masks and `training`. It does cost more than
+the arithmetic of a one-token decoding step on an eager backend (about a
+dozen sublayer calls per Transformer block: PyTorch spends most of a
+cached step there), so those calls go straight to `call`.
+"""
+
+import keras
+
+
+def invoke(layer, *args, training=None, **kwargs):
+    """`layer(*args, training=training, **kwargs)`, as cheaply as is exact.
+
+    Goes through `__call__` when it can matter: training, a layer not yet
+    built, mixed precision (autocasting) or a quantized layer. In
+    inference a `Dropout` is the identity and is skipped.
+    """
+    if training or not layer.built or _needs_call_machinery(layer):
+        return layer(*args, training=training, **kwargs)
+    if _is_dropout(layer):
+        return args[0]
+    return layer.call(*args, **kwargs)
+
+
+def _needs_call_machinery(layer) -> bool:
+    policy = layer.dtype_policy
+    return (
+        policy.quantization_mode is not None
+        or policy.compute_dtype != policy.variable_dtype
+    )
+
+
+def _is_dropout(layer) -> bool:
+    return isinstance(layer, keras.layers.Dropout)
