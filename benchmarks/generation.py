@@ -2,17 +2,24 @@
 
 A decoder-only model (vocabulary 1000, d=256, 4 heads, feed-forward 1024,
 2 blocks, random weights) generates 128 new tokens after one start token
-at batch 1 and 8, driven by `keras_attention.decoding.greedy_search`:
+at batch 1 and 8. Models:
 
 * `ours_cached`: `TransformerDecoderBlock` with `init_cache`;
 * `keras_hub_cached`: keras-hub's `TransformerDecoder` with its
-  `self_attention_cache` (same sizes, the same loop);
+  `self_attention_cache` (same sizes);
 * `ours_uncached`: our blocks re-run on the whole (fixed-size, causally
   masked) sequence at every step.
 
-Each step function is compiled as a user would compile it (`jax.jit`,
-`tf.function(jit_compile=True)`; eager on torch); the first generation
-(compilation) is not timed.
+Loops (the `loop` field of each row):
+
+* `compiled`: the whole loop as one program. Ours is
+  `greedy_search(..., jit_compile=True)`; keras-hub's is its own
+  `GreedySampler` inside a function compiled the way
+  `CausalLM.generate` compiles it.
+* `python`: `greedy_search`'s Python loop driving a compiled step.
+
+Compilation is `jax.jit` or `tf.function(jit_compile=True)`; PyTorch runs
+eagerly. The first generation (compilation) is not timed.
 
     KERAS_BACKEND=jax python benchmarks/generation.py [--quick]
 """
@@ -71,6 +78,12 @@ class Model:
             caches = [ops.zeros(shape) for _ in self.blocks]
         return {"caches": caches, "index": index}
 
+    def keras_hub_next(self, prompt, caches, index):
+        """keras-hub's sampler callback: the token before `index`."""
+        ids = ops.take(prompt, index - 1, axis=1)  # (B,)
+        logits, state = self.step(ids, {"caches": caches, "index": index - 1})
+        return logits, None, tuple(state["caches"])
+
     def step(self, ids, state):
         index = state["index"]
         if self.kind == "ours_uncached":
@@ -98,6 +111,39 @@ class Model:
         return self.head(x[:, 0]), {"caches": caches, "index": index + 1}
 
 
+def generator(model, loop, new_tokens):
+    """`generate(batch)` for one model and loop."""
+    if model.kind == "keras_hub_cached" and loop == "compiled":
+        import keras_hub
+
+        sampler = keras_hub.samplers.GreedySampler()
+
+        def hub_generate(prompt, caches):
+            return sampler(model.keras_hub_next, prompt, caches, index=1)
+
+        run = compiled(hub_generate)
+
+        def generate(batch):
+            prompt = np.zeros((batch, new_tokens + 1), "int32")
+            prompt[:, 0] = 1
+            caches = tuple(model.initial_state(batch)["caches"])
+            return run(ops.convert_to_tensor(prompt), caches)
+
+        return generate
+    step = model.step if loop == "compiled" else compiled(model.step)
+
+    def generate(batch):
+        return greedy_search(
+            step,
+            model.initial_state(batch),
+            np.ones(batch, "int32"),
+            new_tokens,
+            jit_compile=loop == "compiled",
+        )
+
+    return generate
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -106,19 +152,22 @@ def main():
     rows = []
     for kind in ("ours_cached", "keras_hub_cached", "ours_uncached"):
         model = Model(kind, new_tokens + 1)
-        step = compiled(model.step)
-        for batch in (1, 8):
-            starts = np.ones(batch, "int32")
-
-            def generate(model=model, step=step, batch=batch, starts=starts):
-                return greedy_search(
-                    step, model.initial_state(batch), starts, new_tokens
+        for loop in ("compiled", "python"):
+            generate = generator(model, loop, new_tokens)
+            for batch in (1, 8):
+                seconds = median_seconds(
+                    lambda g=generate, b=batch: g(b), repeats=3
                 )
-
-            seconds = median_seconds(generate, repeats=3)
-            rate = batch * new_tokens / seconds
-            rows.append({"name": kind, "batch": batch, "tokens_per_s": rate})
-            print(f"{kind:18s} batch {batch}: {rate:8.0f} tokens/s")
+                rate = batch * new_tokens / seconds
+                rows.append(
+                    {
+                        "name": kind,
+                        "loop": loop,
+                        "batch": batch,
+                        "tokens_per_s": rate,
+                    }
+                )
+                print(f"{kind:17s} {loop:8s} batch {batch}: {rate:8.0f} tok/s")
         keras.backend.clear_session()
     write("generation", {"new_tokens": new_tokens, "rows": rows})
 

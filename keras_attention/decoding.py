@@ -23,8 +23,18 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _compiled_decoding
 
-def greedy_search(step_fn, state, start_ids, max_length: int, end_id=None):
+
+def greedy_search(
+    step_fn,
+    state,
+    start_ids,
+    max_length: int,
+    end_id=None,
+    *,
+    jit_compile: bool = False,
+):
     """Picks the most likely token at every step.
 
     Args:
@@ -34,6 +44,14 @@ def greedy_search(step_fn, state, start_ids, max_length: int, end_id=None):
         max_length: int. Number of tokens to generate.
         end_id: int, optional. Once a sequence produces it, the rest of the
             sequence is `end_id`; decoding stops when all have.
+        jit_compile: bool. Run the whole loop as one compiled program
+            (`jax.jit`, `tf.function(jit_compile=True)`; eager on
+            PyTorch): no per-step dispatch. The state must keep its
+            structure, shapes and dtypes from step to step (a fixed-size
+            KV cache) and the step function must use Keras ops only. The
+            program is kept for later calls with the same `step_fn`
+            object, `max_length`, `end_id` and input shapes. Defaults to
+            `False`: a Python loop that accepts any step function.
 
     Returns:
         Int32 tensor `(B, max_length)` of generated ids, without
@@ -53,11 +71,19 @@ def greedy_search(step_fn, state, start_ids, max_length: int, end_id=None):
     """
 
     _check_max_length("greedy_search", max_length)
-
-    def choose(logits, step):
-        return ops.cast(ops.argmax(logits, axis=-1), "int32")
-
-    return _decode(step_fn, state, start_ids, max_length, end_id, choose)
+    if jit_compile:
+        return _compiled_decoding.decode(
+            "greedy_search",
+            step_fn,
+            state,
+            start_ids,
+            max_length,
+            end_id,
+            _argmax,
+            key="greedy",
+            seed=None,
+        )
+    return _decode(step_fn, state, start_ids, max_length, end_id, _argmax)
 
 
 def sample(
@@ -70,6 +96,8 @@ def sample(
     top_p: float | None = None,
     seed=None,
     end_id=None,
+    *,
+    jit_compile: bool = False,
 ):
     """Draws each token from the (truncated) softmax of the logits.
 
@@ -90,6 +118,8 @@ def sample(
         seed: int or `keras.random.SeedGenerator`, optional. Same seed, same
             samples.
         end_id: int, optional. As in `greedy_search`.
+        jit_compile: bool. As in `greedy_search`; the compiled loop draws
+            the same tokens as the Python loop for the same seed.
 
     Returns:
         Int32 tensor `(B, max_length)`.
@@ -120,16 +150,20 @@ def sample(
         )
     if not isinstance(seed, keras.random.SeedGenerator):
         seed = keras.random.SeedGenerator(seed)
-
-    def choose(logits, step):
-        logits = ops.cast(logits, "float32") / temperature
-        if top_k is not None:
-            logits = _keep_top_k(logits, top_k)
-        if top_p is not None:
-            logits = _keep_top_p(logits, top_p)
-        drawn = keras.random.categorical(logits, 1, seed=seed)  # (B, 1)
-        return ops.cast(drawn[:, 0], "int32")
-
+    if jit_compile:
+        generator = _compiled_decoding.loop_seed_generator()
+        return _compiled_decoding.decode(
+            "sample",
+            step_fn,
+            state,
+            start_ids,
+            max_length,
+            end_id,
+            _sampler(temperature, top_k, top_p, generator),
+            key=("sample", temperature, top_k, top_p),
+            seed=seed,
+        )
+    choose = _sampler(temperature, top_k, top_p, seed)
     return _decode(step_fn, state, start_ids, max_length, end_id, choose)
 
 
@@ -285,6 +319,25 @@ def beam_search(
         ops.convert_to_tensor(sequences, "int32"),
         ops.convert_to_tensor(final.astype("float32")),
     )
+
+
+def _argmax(logits, step):
+    return ops.cast(ops.argmax(logits, axis=-1), "int32")
+
+
+def _sampler(temperature, top_k, top_p, seed):
+    """`choose(logits, step)` drawing from the truncated softmax."""
+
+    def choose(logits, step):
+        logits = ops.cast(logits, "float32") / temperature
+        if top_k is not None:
+            logits = _keep_top_k(logits, top_k)
+        if top_p is not None:
+            logits = _keep_top_p(logits, top_p)
+        drawn = keras.random.categorical(logits, 1, seed=seed)  # (B, 1)
+        return ops.cast(drawn[:, 0], "int32")
+
+    return choose
 
 
 def _shared(leaf) -> bool:

@@ -1,0 +1,264 @@
+"""`greedy_search` / `sample` with `jit_compile=True`: the whole loop as one
+program gives the Python loop's tokens."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention import AttentionDecoder
+from keras_attention import BahdanauAttention
+from keras_attention import TransformerDecoderBlock
+from keras_attention import _compiled_decoding
+from keras_attention.decoding import greedy_search
+from keras_attention.decoding import sample
+from tests.helpers import BACKEND
+from tests.helpers import rng
+from tests.helpers import to_numpy
+from tests.test_decoding import PrefixModel
+
+# XLA's random bits differ from TensorFlow's own kernels: on TensorFlow a
+# compiled sampler is reproducible but does not draw the eager loop's tokens.
+SAME_SAMPLES_AS_PYTHON = BACKEND != "tensorflow"
+
+
+class CachedTransformer:
+    """Embedding, one decoder block with a KV cache and cross-attention to a
+    fixed source, a vocabulary head."""
+
+    def __init__(self, vocab=11, seed=0):
+        keras.utils.set_random_seed(seed)
+        self.vocab = vocab
+        self.embedding = keras.layers.Embedding(vocab, 16)
+        self.block = TransformerDecoderBlock(
+            4, 32, num_key_value_heads=2, use_rotary=True
+        )
+        self.head = keras.layers.Dense(vocab)
+        self.source = rng(seed).normal(size=(3, 5, 16)).astype("float32")
+        self.head(self.block(self.embedding(np.zeros((3, 1))), self.source))
+
+    def step(self, ids, state):
+        hidden, cache = self.block(
+            self.embedding(ids[:, None]),
+            cache=state["cache"],
+            cache_index=state["index"],
+        )
+        logits = self.head(hidden[:, 0])
+        return logits, {"cache": cache, "index": state["index"] + 1}
+
+    def initial_state(self, max_length):
+        cache = self.block.init_cache(
+            3, max_length, encoder_outputs=self.source
+        )
+        return {"cache": cache, "index": 0}
+
+
+def greedy_both_ways(model, starts, steps, **kwargs):
+    python = greedy_search(
+        model.step, model.initial_state(steps), starts, steps, **kwargs
+    )
+    compiled = greedy_search(
+        model.step,
+        model.initial_state(steps),
+        starts,
+        steps,
+        jit_compile=True,
+        **kwargs,
+    )
+    return to_numpy(python), to_numpy(compiled)
+
+
+def test_greedy_transformer_with_cache():
+    model = CachedTransformer()
+    starts = np.array([1, 4, 7], "int32")
+    python, compiled = greedy_both_ways(model, starts, 8)
+    np.testing.assert_array_equal(compiled, python)
+    assert len(np.unique(python)) > 2  # a sequence, not one repeated id
+    # An end id that some rows reach early: the loop stops when all have
+    # and positions after the end hold the end id, as in the Python loop.
+    end_id = int(python[0, 2])
+    python, compiled = greedy_both_ways(model, starts, 8, end_id=end_id)
+    np.testing.assert_array_equal(compiled, python)
+    assert np.all(python[0, 2:] == end_id)
+
+
+@pytest.mark.parametrize("end_id", [None, 0])
+def test_greedy_prefix_model(end_id):
+    model = PrefixModel(4)
+    starts = np.array([0, 1, 2, 0])
+    python = greedy_search(
+        model.step, model.initial_state(4), starts, 3, end_id=end_id
+    )
+    compiled = greedy_search(
+        model.step,
+        model.initial_state(4),
+        starts,
+        3,
+        end_id=end_id,
+        jit_compile=True,
+    )
+    np.testing.assert_array_equal(to_numpy(compiled), to_numpy(python))
+
+
+def test_greedy_attention_decoder():
+    g = rng(3)
+    embedding = keras.layers.Embedding(9, 6)
+    layer = AttentionDecoder(
+        keras.layers.LSTMCell(8), BahdanauAttention(8), flow="bahdanau"
+    )
+    head = keras.layers.Dense(9)
+    encoded = g.normal(size=(2, 5, 8)).astype("float32")
+    mask = np.array([[1, 1, 1, 0, 0], [1] * 5], bool)
+    head(layer(embedding(np.zeros((2, 1), "int32")), encoded))
+
+    def step(ids, state):
+        out, decoder_state, _ = layer.step(
+            embedding(ids), state["decoder"], state["encoded"], state["mask"]
+        )
+        return head(out), {**state, "decoder": decoder_state}
+
+    state = {
+        "decoder": layer.get_initial_state(encoded, mask),
+        "encoded": encoded,
+        "mask": mask,
+    }
+    starts = np.array([1, 2], "int32")
+    python = greedy_search(step, state, starts, 6)
+    compiled = greedy_search(step, state, starts, 6, jit_compile=True)
+    np.testing.assert_array_equal(to_numpy(compiled), to_numpy(python))
+
+
+def test_sampling():
+    model = CachedTransformer(seed=1)
+    starts = np.array([1, 4, 7], "int32")
+
+    def draw(seed, jit_compile, **kwargs):
+        ids = sample(
+            model.step,
+            model.initial_state(8),
+            starts,
+            8,
+            seed=seed,
+            jit_compile=jit_compile,
+            **kwargs,
+        )
+        return to_numpy(ids)
+
+    first = draw(5, True)
+    np.testing.assert_array_equal(draw(5, True), first)
+    assert not np.array_equal(draw(6, True), first)
+    if SAME_SAMPLES_AS_PYTHON:
+        np.testing.assert_array_equal(first, draw(5, False))
+        np.testing.assert_array_equal(
+            draw(5, True, top_k=3, temperature=0.7),
+            draw(5, False, top_k=3, temperature=0.7),
+        )
+    # One token left is greedy search, truncated by either rule.
+    greedy = greedy_search(model.step, model.initial_state(8), starts, 8)
+    np.testing.assert_array_equal(draw(5, True, top_k=1), to_numpy(greedy))
+    np.testing.assert_array_equal(draw(5, True, top_p=1e-6), to_numpy(greedy))
+
+
+def test_a_seed_generator_advances_as_in_the_python_loop():
+    model = PrefixModel(2, sharp=0.5)
+    starts = np.zeros(16, "int32")
+
+    def two_draws(jit_compile):
+        seed = keras.random.SeedGenerator(11)
+        return [
+            to_numpy(
+                sample(
+                    model.step,
+                    model.initial_state(16),
+                    starts,
+                    3,
+                    seed=seed,
+                    jit_compile=jit_compile,
+                )
+            )
+            for _ in range(2)
+        ]
+
+    compiled = two_draws(True)
+    assert not np.array_equal(compiled[0], compiled[1])
+    if SAME_SAMPLES_AS_PYTHON:
+        python = two_draws(False)
+        np.testing.assert_array_equal(compiled[0], python[0])
+        np.testing.assert_array_equal(compiled[1], python[1])
+
+
+def test_sampling_follows_the_distribution():
+    probs = np.array([0.6, 0.3, 0.1])
+    logits = ops.convert_to_tensor(
+        np.log(probs)[None].repeat(2000, 0), "float32"
+    )
+
+    def step(ids, state):
+        return logits, state
+
+    start = np.zeros(2000, "int32")
+    drawn = to_numpy(sample(step, (), start, 2, seed=7, jit_compile=True))
+    for column in drawn.T:
+        frequencies = np.bincount(column.astype(int), minlength=3) / 2000
+        np.testing.assert_allclose(frequencies, probs, atol=0.04)
+    assert not np.array_equal(drawn[:, 0], drawn[:, 1])
+
+
+def test_the_program_reads_the_current_weights():
+    model = CachedTransformer(seed=2)
+    starts = np.array([1, 4, 7], "int32")
+    before, _ = greedy_both_ways(model, starts, 6)
+    kernel = model.head.kernel
+    kernel.assign(to_numpy(kernel)[:, ::-1].astype("float32"))
+    python, compiled = greedy_both_ways(model, starts, 6)
+    assert not np.array_equal(python, before)
+    np.testing.assert_array_equal(compiled, python)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch runs the loop eagerly")
+def test_the_program_is_reused():
+    model = PrefixModel(1)
+    calls = []
+
+    def step(ids, state):
+        calls.append(1)
+        return model.step(ids, state)
+
+    _compiled_decoding._PROGRAMS.clear()
+    starts = np.array([0, 1])
+    first = greedy_search(
+        step, model.initial_state(2), starts, 3, jit_compile=True
+    )
+    traced = len(calls)
+    again = greedy_search(
+        step, model.initial_state(2), starts, 3, jit_compile=True
+    )
+    assert len(calls) == traced  # no new trace, no eager check step
+    np.testing.assert_array_equal(to_numpy(again), to_numpy(first))
+    greedy_search(step, model.initial_state(2), starts, 2, jit_compile=True)
+    assert len(calls) > traced  # a new length is a new program
+
+
+@pytest.mark.parametrize(
+    "new_state,received",
+    [
+        (
+            lambda state, ids: ops.concatenate([state, ids[:, None]], 1),
+            r"\(\(2, 1\), int32\) became \(\(2, 2\), int32\)",
+        ),
+        (
+            lambda state, ids: ops.cast(state, "float32"),
+            r"\(\(2, 1\), int32\) became \(\(2, 1\), float32\)",
+        ),
+        (lambda state, ids: [state, state], "became"),
+    ],
+)
+def test_a_state_that_changes_is_refused(new_state, received):
+    def step(ids, state):
+        return ops.zeros((2, 5)), new_state(state, ids)
+
+    state = np.zeros((2, 1), "int32")
+    with pytest.raises(ValueError, match=r"^greedy_search: `jit_compile=True`"):
+        greedy_search(step, state, [0, 0], 3, jit_compile=True)
+    with pytest.raises(ValueError, match=received):
+        sample(step, state, [0, 0], 3, jit_compile=True)
