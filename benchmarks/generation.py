@@ -28,6 +28,7 @@ import argparse
 
 import keras
 import numpy as np
+from common import BACKEND
 from common import compiled
 from common import median_seconds
 from common import write
@@ -114,22 +115,7 @@ class Model:
 def generator(model, loop, new_tokens):
     """`generate(batch)` for one model and loop."""
     if model.kind == "keras_hub_cached" and loop == "compiled":
-        import keras_hub
-
-        sampler = keras_hub.samplers.GreedySampler()
-
-        def hub_generate(prompt, caches):
-            return sampler(model.keras_hub_next, prompt, caches, index=1)
-
-        run = compiled(hub_generate)
-
-        def generate(batch):
-            prompt = np.zeros((batch, new_tokens + 1), "int32")
-            prompt[:, 0] = 1
-            caches = tuple(model.initial_state(batch)["caches"])
-            return run(ops.convert_to_tensor(prompt), caches)
-
-        return generate
+        return keras_hub_generator(model, new_tokens)
     step = model.step if loop == "compiled" else compiled(model.step)
 
     def generate(batch):
@@ -140,6 +126,48 @@ def generator(model, loop, new_tokens):
             new_tokens,
             jit_compile=loop == "compiled",
         )
+
+    return generate
+
+
+def keras_hub_generator(model, new_tokens):
+    """keras-hub's `GreedySampler` compiled as `CausalLM.generate` compiles
+    its loop: `jax.jit` with the weights passed in through a
+    `StatelessScope`, `tf.function(jit_compile=True)`, eager PyTorch under
+    `torch.no_grad()`."""
+    import keras_hub
+
+    sampler = keras_hub.samplers.GreedySampler()
+    weights = [
+        *model.embedding.weights,
+        *(w for block in model.blocks for w in block.weights),
+        *model.head.weights,
+    ]
+
+    def hub_generate(values, prompt, caches):
+        mapping = list(zip(weights[: len(values)], values, strict=True))
+        with keras.StatelessScope(state_mapping=mapping):
+            return sampler(model.keras_hub_next, prompt, caches, index=1)
+
+    if BACKEND == "jax":
+        import jax
+
+        run = jax.jit(hub_generate)
+    elif BACKEND == "tensorflow":
+        run = compiled(lambda prompt, caches: hub_generate([], prompt, caches))
+    else:
+        import torch
+
+        run = torch.no_grad()(hub_generate)
+
+    def generate(batch):
+        prompt = np.zeros((batch, new_tokens + 1), "int32")
+        prompt[:, 0] = 1
+        caches = tuple(model.initial_state(batch)["caches"])
+        if BACKEND == "tensorflow":
+            return run(ops.convert_to_tensor(prompt), caches)
+        values = [w.value for w in weights] if BACKEND == "jax" else []
+        return run(values, ops.convert_to_tensor(prompt), caches)
 
     return generate
 

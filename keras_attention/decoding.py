@@ -19,6 +19,9 @@ shared by all rows and passed through.
 Shape legend: B batch, K beams, V vocabulary, L generated length, S source.
 """
 
+import contextlib
+import functools
+
 import keras
 import numpy as np
 from keras import ops
@@ -26,6 +29,24 @@ from keras import ops
 from keras_attention import _compiled_decoding
 
 
+def _without_gradients(decode):
+    """Decoding never differentiates: on PyTorch, skip recording the
+    autograd graph of every step (as `torch.no_grad()` does)."""
+
+    @functools.wraps(decode)
+    def wrapper(*args, **kwargs):
+        context = contextlib.nullcontext()
+        if keras.backend.backend() == "torch":
+            import torch
+
+            context = torch.no_grad()
+        with context:
+            return decode(*args, **kwargs)
+
+    return wrapper
+
+
+@_without_gradients
 def greedy_search(
     step_fn,
     state,
@@ -86,6 +107,7 @@ def greedy_search(
     return _decode(step_fn, state, start_ids, max_length, end_id, _argmax)
 
 
+@_without_gradients
 def sample(
     step_fn,
     state,
@@ -167,6 +189,7 @@ def sample(
     return _decode(step_fn, state, start_ids, max_length, end_id, choose)
 
 
+@_without_gradients
 def beam_search(
     step_fn,
     state,

@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
 
 
@@ -97,14 +98,14 @@ class BahdanauAttention(AttentionMechanism):
         self.query_dense = keras.layers.Dense(
             units,
             use_bias=False,
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=fresh(self.kernel_initializer),
             dtype=self.dtype_policy,
             name="query_dense",
         )
         self.key_dense = keras.layers.Dense(
             units,
             use_bias=False,
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=fresh(self.kernel_initializer),
             dtype=self.dtype_policy,
             name="key_dense",
         )
@@ -123,7 +124,7 @@ class BahdanauAttention(AttentionMechanism):
         self.score_kernel = self.add_weight(
             name="score_kernel",
             shape=(self.units,),
-            initializer=self.kernel_initializer,
+            initializer=fresh(self.kernel_initializer),
         )
         if self.normalize:
             self.score_gain = self.add_weight(

@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
 
 _SCORES = ("dot", "general", "concat")
@@ -156,7 +157,7 @@ class LuongAttention(AttentionMechanism):
             self.score_kernel = self.add_weight(
                 name="score_kernel",
                 shape=(self.units,),
-                initializer=self.kernel_initializer,
+                initializer=fresh(self.kernel_initializer),
             )
         if self.scale:
             self.score_gain = self.add_weight(
@@ -186,7 +187,7 @@ class LuongAttention(AttentionMechanism):
         layer = keras.layers.Dense(
             units,
             use_bias=False,
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=fresh(self.kernel_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

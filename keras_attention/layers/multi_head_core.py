@@ -10,6 +10,7 @@ from keras import ops
 from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
 
 
@@ -169,8 +170,8 @@ class MultiHeadCore(keras.layers.Layer):
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=fresh(self.kernel_initializer),
+            bias_initializer=fresh(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

@@ -1,4 +1,7 @@
-"""Calling a layer's own sublayers without Keras's per-call bookkeeping.
+"""Creating and calling a layer's own sublayers.
+
+`fresh` gives each weight its own copy of an initializer. `invoke` calls a
+built sublayer without Keras's per-call bookkeeping.
 
 `Layer.__call__` converts inputs, opens name and autocast scopes, fills in
 `training` and implicit masks and attaches output masks. Inside one of
@@ -11,6 +14,16 @@ cached step there), so those calls go straight to `call`.
 """
 
 import keras
+
+
+def fresh(initializer):
+    """A copy of `initializer` for one more weight.
+
+    A Keras initializer without a seed fixes one at construction, so a
+    single instance shared by several weights of one shape (the query, key
+    and value kernels) would give them all the same values.
+    """
+    return initializer.__class__.from_config(initializer.get_config())
 
 
 def invoke(layer, *args, training=None, **kwargs):

@@ -10,6 +10,7 @@ from keras_attention.layers import checks
 from keras_attention.layers.multi_head_self_attention import (
     MultiHeadSelfAttention,
 )
+from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
 
 
@@ -158,8 +159,8 @@ class TransformerBlockBase(keras.layers.Layer):
         layer = keras.layers.Dense(
             units,
             activation=activation,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=fresh(self.kernel_initializer),
+            bias_initializer=fresh(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
