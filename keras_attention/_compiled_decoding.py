@@ -26,6 +26,8 @@ import collections
 import keras
 from keras import ops
 
+from keras_attention import _backend
+
 _PROGRAMS = collections.OrderedDict()
 _MAX_PROGRAMS = 8  # programs kept, least recently used dropped first
 _LOOP_SEED = []  # the SeedGenerator the compiled samplers draw from
@@ -165,18 +167,10 @@ def _build(step_fn, max_length, end_id, choose, variables, call):
         result = ops.while_loop(cond, body, loop_vars, max_length)
         return result[3], result[5]
 
-    if backend == "jax":
-        import jax
+    compiled = _backend.compile_function(run)
 
-        compiled = jax.jit(run)
-        return lambda seed_state, state, tokens: compiled(
-            [v.value for v in mapped], seed_state, state, tokens
-        )
-    if backend == "tensorflow":
-        import tensorflow as tf
+    def program(seed_state, state, tokens):
+        values = [variable.value for variable in mapped]
+        return compiled(values, seed_state, state, tokens)
 
-        compiled = tf.function(run, jit_compile=True, autograph=False)
-        return lambda seed_state, state, tokens: compiled(
-            [], seed_state, state, tokens
-        )
-    return lambda seed_state, state, tokens: run([], seed_state, state, tokens)
+    return program

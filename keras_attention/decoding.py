@@ -19,28 +19,23 @@ shared by all rows and passed through.
 Shape legend: B batch, K beams, V vocabulary, L generated length, S source.
 """
 
-import contextlib
 import functools
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _backend
 from keras_attention import _compiled_decoding
 
 
 def _without_gradients(decode):
-    """Decoding never differentiates: on PyTorch, skip recording the
-    autograd graph of every step (as `torch.no_grad()` does)."""
+    """Decoding never differentiates: on PyTorch, no autograd graph is
+    recorded for its steps."""
 
     @functools.wraps(decode)
     def wrapper(*args, **kwargs):
-        context = contextlib.nullcontext()
-        if keras.backend.backend() == "torch":
-            import torch
-
-            context = torch.no_grad()
-        with context:
+        with _backend.without_gradients():
             return decode(*args, **kwargs)
 
     return wrapper

@@ -566,9 +566,7 @@ def _fused_attention(query, key, value, mask, is_causal, scale):
         if len(mask.shape) == 3 and single_head:
             mask = ops.expand_dims(mask, 1)  # (B, 1, T, S)
         mask = _expand_mask(mask, 4)  # (B|1, N|1, T, S)
-    output = ops.dot_product_attention(
-        query, key, value, mask=mask, scale=scale, is_causal=is_causal
-    )  # (B, T, N, V)
+    output = _fused_kernel(query, key, value, mask, is_causal, scale)
     if mask is not None:
         visible = ops.any(mask, axis=-1)  # (B, N|1, T)
         visible = ops.expand_dims(ops.transpose(visible, (0, 2, 1)), -1)
@@ -576,6 +574,47 @@ def _fused_attention(query, key, value, mask, is_causal, scale):
     if single_head:
         output = ops.squeeze(output, 2)  # (B, T, V)
     return output
+
+
+def _fused_kernel(query, key, value, mask, is_causal, scale):
+    """The backend's fused kernel on `(B, T, N, H)` heads.
+
+    On PyTorch, `torch.nn.functional.scaled_dot_product_attention` is
+    called on transposed views, with grouped-query heads left to the
+    kernel: `keras.ops.dot_product_attention` copies the keys and values
+    into contiguous, repeated heads first, which for a decoding step means
+    copying the whole KV cache. The mask becomes additive (0 or a large
+    negative), as Keras makes it, so that a row with no visible key stays
+    finite (it is zeroed by the caller).
+    """
+    dtypes = {
+        keras.backend.standardize_dtype(x.dtype) for x in (query, key, value)
+    }
+    if keras.backend.backend() != "torch" or len(dtypes) > 1:
+        return ops.dot_product_attention(
+            query, key, value, mask=mask, scale=scale, is_causal=is_causal
+        )  # (B, T, N, V)
+    import torch
+
+    query, key, value = (
+        ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value)
+    )  # (B, N, T, H), (B, K, S, H), (B, K, S, V)
+    if mask is not None:
+        mask = torch.where(
+            ops.convert_to_tensor(mask),
+            torch.zeros((), dtype=query.dtype, device=query.device),
+            large_negative(query.dtype),
+        )
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )  # (B, N, T, V)
+    return output.transpose(1, 2)  # (B, T, N, V)
 
 
 def _chunks_pay_off(query, key) -> bool:
