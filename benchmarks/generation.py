@@ -19,18 +19,21 @@ Loops (the `loop` field of each row):
 * `python`: `greedy_search`'s Python loop driving a compiled step.
 
 Compilation is `jax.jit` or `tf.function(jit_compile=True)`; PyTorch runs
-eagerly. The first generation (compilation) is not timed.
+eagerly. The first generation (compilation) is not timed; then every
+variant is timed once per round, round after round, and the median is
+reported.
 
     KERAS_BACKEND=jax python benchmarks/generation.py [--quick]
 """
 
 import argparse
+import time
 
 import keras
 import numpy as np
 from common import BACKEND
+from common import block as wait_for
 from common import compiled
-from common import median_seconds
 from common import write
 from keras import ops
 
@@ -177,27 +180,33 @@ def main():
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     new_tokens = 32 if args.quick else 128
-    rows = []
+    rounds = 3 if args.quick else 7
+    runs = {}
     for kind in ("ours_cached", "keras_hub_cached", "ours_uncached"):
         model = Model(kind, new_tokens + 1)
         for loop in ("compiled", "python"):
             generate = generator(model, loop, new_tokens)
             for batch in (1, 8):
-                seconds = median_seconds(
-                    lambda g=generate, b=batch: g(b), repeats=3
-                )
-                rate = batch * new_tokens / seconds
-                rows.append(
-                    {
-                        "name": kind,
-                        "loop": loop,
-                        "batch": batch,
-                        "tokens_per_s": rate,
-                    }
-                )
-                print(f"{kind:17s} {loop:8s} batch {batch}: {rate:8.0f} tok/s")
-        keras.backend.clear_session()
-    write("generation", {"new_tokens": new_tokens, "rows": rows})
+                wait_for(generate(batch))  # compiles; not timed
+                runs[(kind, loop, batch)] = generate
+    # Round-robin: each round times every variant once, so that a change
+    # in the machine's load falls on all of them alike.
+    seconds = {key: [] for key in runs}
+    for _ in range(rounds):
+        for (kind, loop, batch), generate in runs.items():
+            start = time.perf_counter()
+            wait_for(generate(batch))
+            seconds[(kind, loop, batch)].append(time.perf_counter() - start)
+    rows = []
+    for (kind, loop, batch), times in seconds.items():
+        rate = batch * new_tokens / float(np.median(times))
+        rows.append(
+            {"name": kind, "loop": loop, "batch": batch, "tokens_per_s": rate}
+        )
+        print(f"{kind:17s} {loop:8s} batch {batch}: {rate:8.0f} tok/s")
+    write(
+        "generation", {"new_tokens": new_tokens, "rounds": rounds, "rows": rows}
+    )
 
 
 if __name__ == "__main__":

@@ -521,7 +521,7 @@ def _shape_str(target):
 
 
 # --------------------------------------------------------------------------
-# Fused-kernel dispatch: the one place that looks at the backend.
+# Fused-kernel dispatch: the one place here that looks at the backend.
 #
 # `keras.ops.dot_product_attention` reaches PyTorch's fused SDPA kernels and,
 # on GPU, cuDNN flash attention for JAX. It returns the mean of the values
@@ -536,6 +536,8 @@ def _shape_str(target):
 # (`jax.checkpoint`, `tf.recompute_grad`), so a training step never holds
 # the whole `(B, N, T, S)` weight matrix. Each chunk runs the reference
 # computation on its rows, so the numbers are the reference path's.
+#
+# The KV-cache write (`_update_kv_cache`) also takes a per-backend form.
 # --------------------------------------------------------------------------
 
 _CHUNK = 256  # query rows per chunk
@@ -686,3 +688,26 @@ def _rematerialized(fn):
     import tensorflow as tf
 
     return tf.recompute_grad(fn)
+
+
+def _update_kv_cache(cache, key, value, index):
+    """Writes one step's keys and values into a `(B, 2, S_max, K, H)` cache.
+
+    `key` and `value` are `(B, T, K, H)`, written at positions `index ...
+    index + T - 1`. Returns `(cache, keys, values)`, the new cache and its
+    `(B, S_max, K, H)` halves to attend over. The form that costs least
+    differs: eager PyTorch copies a tensor per functional update, so one
+    update of the stacked cache (the halves are views of it) is cheapest;
+    under XLA, slicing the halves back out of an updated cache inside a
+    decoding loop costs another copy of the cache per step, so the halves
+    are updated apart and stacked for the returned cache.
+    """
+    key = ops.cast(key, cache.dtype)
+    value = ops.cast(value, cache.dtype)
+    if keras.backend.backend() == "torch":
+        update = ops.stack([key, value], axis=1)  # (B, 2, T, K, H)
+        cache = ops.slice_update(cache, (0, 0, index, 0, 0), update)
+        return cache, cache[:, 0], cache[:, 1]
+    keys = ops.slice_update(cache[:, 0], (0, index, 0, 0), key)
+    values = ops.slice_update(cache[:, 1], (0, index, 0, 0), value)
+    return ops.stack([keys, values], axis=1), keys, values

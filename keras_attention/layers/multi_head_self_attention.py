@@ -200,17 +200,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
         key, value = self._project_key_value(
             inputs, inputs, start_index=cache_index
         )  # (B, T, K, H)
-        # Keys and values are updated apart and attended to as they are;
-        # slicing them back out of the stacked cache would make XLA copy
-        # the cache once more per step (a quarter of a compiled step).
-        start = (0, cache_index, 0, 0)
-        keys = ops.slice_update(
-            cache[:, 0], start, ops.cast(key, cache.dtype)
-        )  # (B, S_max, K, H)
-        values = ops.slice_update(
-            cache[:, 1], start, ops.cast(value, cache.dtype)
-        )  # (B, S_max, K, H)
-        cache = ops.stack([keys, values], axis=1)  # (B, 2, S_max, K, H)
+        cache, keys, values = functional._update_kv_cache(
+            cache, key, value, cache_index
+        )  # (B, 2, S_max, K, H), (B, S_max, K, H) twice
         # Slots after the new tokens hold no keys yet: always hidden.
         written = functional.causal_mask(
             ops.shape(inputs)[1], max_length, offset=cache_index
