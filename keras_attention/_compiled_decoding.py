@@ -33,6 +33,14 @@ _MAX_PROGRAMS = 8  # programs kept, least recently used dropped first
 _LOOP_SEED = []  # the SeedGenerator the compiled samplers draw from
 
 
+def clear():
+    """Forgets every compiled program (and the step functions they hold);
+    returns how many there were."""
+    count = len(_PROGRAMS)
+    _PROGRAMS.clear()
+    return count
+
+
 def loop_seed_generator():
     """The generator compiled samplers draw from (its state is mapped to
     the caller's seed state inside the loop)."""
@@ -62,6 +70,12 @@ def decode(
     from keras_attention.decoding import _call
 
     tokens = ops.cast(ops.convert_to_tensor(start_ids), "int32")
+    if any(leaf is None for leaf in keras.tree.flatten(state)):
+        raise ValueError(
+            f"{name}: `jit_compile=True` needs a state of tensors; leave out "
+            "the `None` entries (or use `jit_compile=False`). Received: "
+            f"state with None leaves: {state!r:.200}"
+        )
     state = keras.tree.map_structure(ops.convert_to_tensor, state)
     signature = (
         keras.tree.map_structure(_spec, state),

@@ -66,8 +66,10 @@ def greedy_search(
             structure, shapes and dtypes from step to step (a fixed-size
             KV cache) and the step function must use Keras ops only. The
             program is kept for later calls with the same `step_fn`
-            object, `max_length`, `end_id` and input shapes. Defaults to
-            `False`: a Python loop that accepts any step function.
+            object, `max_length`, `end_id` and input shapes; it reads the
+            current values of the Keras variables the step function read
+            when it was built (see `clear_compiled_programs`). Defaults
+            to `False`: a Python loop that accepts any step function.
 
     Returns:
         Int32 tensor `(B, max_length)` of generated ids, without
@@ -135,8 +137,11 @@ def sample(
         seed: int or `keras.random.SeedGenerator`, optional. Same seed, same
             samples.
         end_id: int, optional. As in `greedy_search`.
-        jit_compile: bool. As in `greedy_search`; the compiled loop draws
-            the same tokens as the Python loop for the same seed.
+        jit_compile: bool. As in `greedy_search`. For the same seed the
+            compiled loop draws the Python loop's tokens on JAX and
+            PyTorch; on TensorFlow XLA's random numbers differ from
+            TensorFlow's kernels, so its samples are reproducible but
+            not the Python loop's.
 
     Returns:
         Int32 tensor `(B, max_length)`.
@@ -177,7 +182,7 @@ def sample(
             max_length,
             end_id,
             _sampler(temperature, top_k, top_p, generator),
-            key=("sample", temperature, top_k, top_p),
+            key=("sample", float(temperature), top_k, top_p),
             seed=seed,
         )
     choose = _sampler(temperature, top_k, top_p, seed)
@@ -337,6 +342,25 @@ def beam_search(
         ops.convert_to_tensor(sequences, "int32"),
         ops.convert_to_tensor(final.astype("float32")),
     )
+
+
+def clear_compiled_programs():
+    """Forgets the programs kept by `jit_compile=True`.
+
+    A program belongs to one step function object and reads the Keras
+    variables that function read when the program was built. Call this
+    after replacing a layer the step function reaches (a new head, a
+    rebuilt model behind the same function), or to release the models the
+    kept programs hold (up to 8 programs are kept).
+
+    Returns:
+        int. The number of programs forgotten.
+
+    Examples:
+        >>> clear_compiled_programs() >= 0
+        True
+    """
+    return _compiled_decoding.clear()
 
 
 def _argmax(logits, step):

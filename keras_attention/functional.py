@@ -607,6 +607,7 @@ def _fused_kernel(query, key, value, mask, is_causal, scale):
             torch.zeros((), dtype=query.dtype, device=query.device),
             large_negative(query.dtype),
         )
+    grouped = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
     output = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
@@ -614,7 +615,7 @@ def _fused_kernel(query, key, value, mask, is_causal, scale):
         attn_mask=mask,
         is_causal=is_causal,
         scale=scale,
-        enable_gqa=query.shape[1] != key.shape[1],
+        **grouped,
     )  # (B, N, T, V)
     return output.transpose(1, 2)  # (B, T, N, V)
 

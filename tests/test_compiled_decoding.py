@@ -9,7 +9,7 @@ from keras import ops
 from keras_attention import AttentionDecoder
 from keras_attention import BahdanauAttention
 from keras_attention import TransformerDecoderBlock
-from keras_attention import _compiled_decoding
+from keras_attention.decoding import clear_compiled_programs
 from keras_attention.decoding import greedy_search
 from keras_attention.decoding import sample
 from tests.helpers import BACKEND
@@ -224,7 +224,7 @@ def test_the_program_is_reused():
         calls.append(1)
         return model.step(ids, state)
 
-    _compiled_decoding._PROGRAMS.clear()
+    clear_compiled_programs()
     starts = np.array([0, 1])
     first = greedy_search(
         step, model.initial_state(2), starts, 3, jit_compile=True
@@ -262,3 +262,67 @@ def test_a_state_that_changes_is_refused(new_state, received):
         greedy_search(step, state, [0, 0], 3, jit_compile=True)
     with pytest.raises(ValueError, match=received):
         sample(step, state, [0, 0], 3, jit_compile=True)
+
+
+@pytest.mark.skipif(
+    BACKEND != "torch", reason="counts the steps of the eager loop"
+)
+def test_the_loop_stops_when_every_row_has_ended():
+    calls = []
+
+    def step(ids, state):  # predicts ids + 1, up to 3 (the end id)
+        calls.append(1)
+        return ops.one_hot(ops.minimum(ids + 1, 3), 4) * 10.0, state
+
+    ids = greedy_search(
+        step, (), np.array([0, 1]), 6, end_id=3, jit_compile=True
+    )
+    assert to_numpy(ids).tolist() == [[1, 2, 3, 3, 3, 3], [2, 3, 3, 3, 3, 3]]
+    assert len(calls) == 1 + 3  # the eager check step, then three steps
+
+
+def test_a_replaced_layer_needs_clear_compiled_programs():
+    model = CachedTransformer(seed=5)
+    starts = np.array([1, 4, 7], "int32")
+    before, _ = greedy_both_ways(model, starts, 5)
+    model.head = keras.layers.Dense(model.vocab)  # a new layer, new weights
+    model.head.build((None, 16))
+    clear_compiled_programs()
+    python, compiled = greedy_both_ways(model, starts, 5)
+    np.testing.assert_array_equal(compiled, python)
+    assert not np.array_equal(python, before)
+
+
+def test_none_in_the_state_is_refused_clearly():
+    def step(ids, state):
+        return ops.zeros((2, 5)), state
+
+    with pytest.raises(ValueError, match="None"):
+        greedy_search(
+            step, {"a": None, "b": np.zeros(2)}, [0, 0], 2, jit_compile=True
+        )
+
+
+def test_a_tensor_temperature():
+    model = PrefixModel(3)
+    starts = np.zeros(4, "int32")
+    temperature = ops.convert_to_tensor(0.5)
+    first = sample(
+        model.step,
+        model.initial_state(4),
+        starts,
+        3,
+        seed=1,
+        temperature=temperature,
+        jit_compile=True,
+    )
+    again = sample(
+        model.step,
+        model.initial_state(4),
+        starts,
+        3,
+        seed=1,
+        temperature=0.5,
+        jit_compile=True,
+    )
+    np.testing.assert_array_equal(to_numpy(first), to_numpy(again))

@@ -51,3 +51,12 @@ def test_one_initializer_instance_for_all_projections():
     layers[3](x, x)
     for layer in layers:
         assert assert_no_two_random_weights_equal(layer.weights) >= 3
+
+
+def test_a_plain_function_initializer():
+    def ones(shape, dtype=None):
+        return keras.ops.ones(shape, dtype=dtype)
+
+    layer = ka.MultiHeadSelfAttention(2, kernel_initializer=ones)
+    layer(np.zeros((1, 3, 8), "float32"))
+    np.testing.assert_array_equal(to_numpy(layer.query_dense.kernel), 1.0)

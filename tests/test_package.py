@@ -24,7 +24,12 @@ from keras_attention.layers import transformer_decoder_block
 from keras_attention.layers import transformer_encoder_block
 
 MODULE_FUNCTIONS = {
-    decoding: ["beam_search", "greedy_search", "sample"],
+    decoding: [
+        "beam_search",
+        "clear_compiled_programs",
+        "greedy_search",
+        "sample",
+    ],
     visualization: ["plot_attention"],
 }
 LAYER_CLASSES = [
@@ -102,8 +107,11 @@ def test_module_functions_are_pinned_and_documented(module):
     )
     assert public == MODULE_FUNCTIONS[module]
     for name in public:
-        doc = inspect.getdoc(getattr(module, name))
-        assert "Args:" in doc and "Returns:" in doc and "Examples:" in doc
+        function = getattr(module, name)
+        doc = inspect.getdoc(function)
+        assert "Returns:" in doc and "Examples:" in doc, name
+        if inspect.signature(function).parameters:
+            assert "Args:" in doc, name
 
 
 def test_version_is_single_sourced():

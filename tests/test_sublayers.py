@@ -81,7 +81,7 @@ def test_cached_decoding_step_equals_call_path():
 
 def test_dropout_is_skipped_in_inference_only():
     dropout = keras.layers.Dropout(0.5, seed=1)
-    ones = np.ones((4, 100), "float32")
+    ones = keras.ops.ones((4, 100))
     assert invoke(dropout, ones) is ones
     dropped = to_numpy(invoke(dropout, ones, training=True))
     assert 0.3 < np.mean(dropped == 0) < 0.7
@@ -96,3 +96,47 @@ def test_unbuilt_and_mixed_precision_layers_use_call():
     out = invoke(mixed, np.ones((2, 4), "float32"))
     # Only `__call__` autocasts the inputs and kernel to float16.
     assert keras.backend.standardize_dtype(out.dtype) == "float16"
+
+
+def test_public_methods_take_numpy_float64():
+    """Methods called outside `__call__` get NumPy inputs converted."""
+    keras.utils.set_random_seed(2)
+    layer = ka.CrossAttention(2)
+    query, source = x((2, 3, 16)), x((2, 6, 16), 1)
+    expected = layer(query, source)
+    cache = layer.compute_cache(source.astype("float64"))
+    assert keras.backend.standardize_dtype(cache.dtype) == "float32"
+    np.testing.assert_allclose(
+        to_numpy(layer(query, None, cache=cache)), to_numpy(expected), atol=1e-6
+    )
+    bahdanau = ka.BahdanauAttention(8)
+    bahdanau(query, source)
+    keys = bahdanau.project_keys(source.astype("float64"))
+    assert keras.backend.standardize_dtype(keys.dtype) == "float32"
+
+
+def test_dropout_layers_are_the_identity_in_inference():
+    keras.utils.set_random_seed(3)
+    inputs = x((2, 5, 16))
+    with_dropout = ka.TransformerEncoderBlock(2, 32, dropout=0.4)
+    without = ka.TransformerEncoderBlock(2, 32)
+    with_dropout(inputs)
+    without(inputs)
+    without.set_weights(with_dropout.get_weights())
+    np.testing.assert_allclose(
+        to_numpy(with_dropout(inputs)), to_numpy(without(inputs)), atol=1e-6
+    )
+    trained = to_numpy(with_dropout(inputs, training=True))
+    assert not np.allclose(trained, to_numpy(without(inputs)), atol=1e-3)
+
+
+def test_attention_dropout_of_an_attention_decoder_acts_in_training():
+    keras.utils.set_random_seed(4)
+    layer = ka.AttentionDecoder(
+        keras.layers.GRUCell(16), ka.BahdanauAttention(8, dropout=0.5)
+    )
+    inputs, source = x((2, 4, 8)), x((2, 6, 16), 1)
+    inference = to_numpy(layer(inputs, source))
+    np.testing.assert_allclose(to_numpy(layer(inputs, source)), inference)
+    trained = to_numpy(layer(inputs, source, training=True))
+    assert not np.allclose(trained, inference, atol=1e-4)

@@ -364,7 +364,11 @@ class AttentionDecoder(keras.layers.Layer):
         cell_state, keys = state["cell"], state["keys"]
         if self.flow == "bahdanau":
             context, alignment = self._attend(
-                cell_state[0], encoder_outputs, keys, encoder_padding_mask
+                cell_state[0],
+                encoder_outputs,
+                keys,
+                encoder_padding_mask,
+                training,
             )
             cell_input = ops.concatenate(
                 [inputs_t, ops.cast(context, inputs_t.dtype)], axis=-1
@@ -383,7 +387,7 @@ class AttentionDecoder(keras.layers.Layer):
             self.cell, cell_input, cell_state, training=training
         )
         context, alignment = self._attend(
-            hidden, encoder_outputs, keys, encoder_padding_mask
+            hidden, encoder_outputs, keys, encoder_padding_mask, training
         )
         output = invoke(
             self.attention_projection,
@@ -394,13 +398,16 @@ class AttentionDecoder(keras.layers.Layer):
             new_state["feed"] = output
         return output, new_state, alignment
 
-    def _attend(self, query, encoder_outputs, keys, encoder_padding_mask):
+    def _attend(
+        self, query, encoder_outputs, keys, encoder_padding_mask, training
+    ):
         return self.attention.attend(
             query,
             encoder_outputs,
             keys,
             value_mask=encoder_padding_mask,
             return_attention_scores=True,
+            training=training,
         )
 
     def _where(self):
