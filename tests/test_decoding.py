@@ -175,7 +175,8 @@ def test_top_k_one_sampling_equals_greedy():
     np.testing.assert_array_equal(to_numpy(nucleus), to_numpy(greedy))
 
 
-def test_sampling_is_seeded_and_follows_the_distribution():
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_sampling_is_seeded_and_follows_the_distribution(jit_compile):
     probs = np.array([0.6, 0.3, 0.1])
     logits = ops.convert_to_tensor(
         np.log(probs)[None].repeat(2000, 0), "float32"
@@ -184,17 +185,24 @@ def test_sampling_is_seeded_and_follows_the_distribution():
     def step(ids, state):
         return logits, state
 
-    start = np.zeros(2000, "int32")
-    first = to_numpy(sample(step, (), start, 1, seed=7))
-    again = to_numpy(sample(step, (), start, 1, seed=7))
-    other = to_numpy(sample(step, (), start, 1, seed=8))
-    np.testing.assert_array_equal(first, again)
-    assert not np.array_equal(first, other)
-    frequencies = np.bincount(first.ravel().astype(int), minlength=3) / 2000
-    np.testing.assert_allclose(frequencies, probs, atol=0.04)
-    top2 = to_numpy(sample(step, (), start, 1, seed=7, top_k=2)).ravel()
+    def draw(seed, steps=1, **kwargs):
+        start = np.zeros(2000, "int32")
+        ids = sample(
+            step, (), start, steps, seed=seed, jit_compile=jit_compile, **kwargs
+        )
+        return to_numpy(ids)
+
+    first = draw(7, steps=2)
+    np.testing.assert_array_equal(first, draw(7, steps=2))
+    assert not np.array_equal(first, draw(8, steps=2))
+    # Each step draws afresh from the same distribution.
+    assert not np.array_equal(first[:, 0], first[:, 1])
+    for column in first.T:
+        frequencies = np.bincount(column.astype(int), minlength=3) / 2000
+        np.testing.assert_allclose(frequencies, probs, atol=0.04)
+    top2 = draw(7, top_k=2).ravel()
     assert set(np.unique(top2)) == {0, 1}
-    hot = to_numpy(sample(step, (), start, 1, seed=7, temperature=0.05))
+    hot = draw(7, temperature=0.05)
     assert np.mean(hot == 0) > 0.99
 
 
