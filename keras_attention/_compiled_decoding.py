@@ -26,7 +26,7 @@ import collections
 import keras
 from keras import ops
 
-from keras_attention import _backend
+from keras_attention._kernels import runtime
 
 _PROGRAMS = collections.OrderedDict()
 _MAX_PROGRAMS = 8  # programs kept, least recently used dropped first
@@ -146,8 +146,7 @@ def _describe(specs):
 
 def _build(step_fn, max_length, end_id, choose, variables, call):
     seed_variable = loop_seed_generator().state
-    backend = keras.backend.backend()
-    mapped = variables if backend == "jax" else []
+    mapped = variables if runtime.programs_take_variables() else []
 
     def run(values, seed_state, state, tokens):
         batch = ops.shape(tokens)[0]
@@ -181,7 +180,7 @@ def _build(step_fn, max_length, end_id, choose, variables, call):
         result = ops.while_loop(cond, body, loop_vars, max_length)
         return result[3], result[5]
 
-    compiled = _backend.compile_function(run)
+    compiled = runtime.compile_function(run)
 
     def program(seed_state, state, tokens):
         values = [variable.value for variable in mapped]

@@ -11,10 +11,14 @@ scores of the next token, `attention` `(B, S)` the step's alignment over
 the source (only needed by `coverage_penalty`), and `state` any nested
 structure of tensors whose leading axis is the batch. Everything that is
 per example (decoder states, KV caches, encoder outputs and their masks)
-belongs in `state`, not in the step function's closure: beam search tiles
-the state to `B·K` rows and reorders it after every step. Leaves without
-a batch axis (Python numbers, scalar tensors such as a cache position) are
-shared by all rows and passed through.
+belongs in `state`; what all examples share (an embedding table, a
+weight) belongs in the step function's closure. Beam search tiles every
+state leaf that has a leading axis to `B·K` rows and reorders it after
+every step, so such a leaf must have `B` rows (a `ValueError` names the
+one that does not); leaves without a leading axis (Python numbers, scalar
+tensors such as a cache position) are shared by all rows and passed
+through. Greedy search and sampling hand the state to the step function
+as it is.
 
 Shape legend: B batch, K beams, V vocabulary, L generated length, S source.
 """
@@ -25,8 +29,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attention import _backend
 from keras_attention import _compiled_decoding
+from keras_attention._kernels import runtime
 
 
 def _without_gradients(decode):
@@ -35,7 +39,7 @@ def _without_gradients(decode):
 
     @functools.wraps(decode)
     def wrapper(*args, **kwargs):
-        with _backend.without_gradients():
+        with runtime.without_gradients():
             return decode(*args, **kwargs)
 
     return wrapper
@@ -218,7 +222,11 @@ def beam_search(
     Args:
         step_fn: callable `(token_ids, state) -> (logits, state[, attn])`;
             `attn` `(B·K, S)` is required when `coverage_penalty > 0`.
-        state: nested structure of batch-major tensors `(B, ...)`.
+        state: nested structure of batch-major tensors `(B, ...)`. Every
+            leaf with a leading axis must have `B` rows: it is tiled to
+            `B·K` rows and reordered with the beams. Leaves of rank 0 and
+            Python numbers are shared by all beams. Tables that every
+            example shares belong in `step_fn`'s closure, not here.
         start_ids: int tensor `(B,)`.
         max_length: int. Maximum number of tokens to generate.
         beam_width: int. K.
@@ -261,6 +269,7 @@ def beam_search(
     start = np.asarray(ops.convert_to_numpy(start_ids)).astype("int32")
     batch, beams = start.shape[0], beam_width
     flat = batch * beams
+    _check_batch_major("beam_search", state, batch)
     state = keras.tree.map_structure(
         lambda x: x if _shared(x) else ops.repeat(x, beams, axis=0), state
     )  # (B·K, ...)
@@ -386,6 +395,22 @@ def _shared(leaf) -> bool:
     """A state leaf without a batch axis (a Python number, a scalar tensor
     such as a cache position): shared by all rows, never tiled."""
     return not hasattr(leaf, "shape") or len(leaf.shape) == 0
+
+
+def _check_batch_major(name, state, batch):
+    """Every state leaf with a leading axis has `batch` rows: tiling a
+    table `(V, V)` along its first axis would silently change it."""
+    for path, leaf in keras.tree.flatten_with_path(state):
+        if _shared(leaf) or leaf.shape[0] in (None, batch):
+            continue
+        where = "".join(f"[{key!r}]" for key in path)
+        raise ValueError(
+            f"{name}: every state leaf with a leading axis must have the "
+            f"batch size B={batch} (it is tiled to B·K rows); keep shared "
+            "tables in the step function's closure. Received: "
+            f"{f'state leaf {where}' if where else 'state'} with shape "
+            f"{tuple(leaf.shape)}"
+        )
 
 
 def _check_max_length(name, max_length):

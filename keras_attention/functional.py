@@ -14,6 +14,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _kernels
+
 _HALF_DTYPES = ("float16", "bfloat16")
 _FN = "scaled_dot_product_attention"
 
@@ -280,6 +282,15 @@ def scaled_dot_product_attention(
     output in every dtype. For `float16`/`bfloat16` inputs the logits and
     the softmax are computed in `float32`.
 
+    Without `return_attention_scores` the computation takes the fastest
+    exact path the backend has: PyTorch's fused kernel (and cuDNN's on a
+    JAX GPU), or for queries of 512 positions or more on TensorFlow and
+    JAX on CPU, chunks of 256 queries recomputed in the backward pass, so
+    memory grows with the sequence length, not its square. Every path
+    gives the same outputs and gradients; the weights, when asked for,
+    come from the reference computation. On `keras.Input` tensors the
+    function builds an operation of a functional model.
+
     Args:
         query: tensor `(B, T, H)` or `(B, T, N, H)`.
         key: tensor `(B, S, H)` or `(B, S, K, H)`.
@@ -301,7 +312,8 @@ def scaled_dot_product_attention(
         weights `(B, T, S)` or `(B, N, T, S)`.
 
     Examples:
-        The worked example of seed 002: one query, two keys.
+        One query, two keys: the first key matches the query better and
+        gets most of the weight.
 
         >>> import keras
         >>> import numpy as np
@@ -319,25 +331,85 @@ def scaled_dot_product_attention(
     References:
         Vaswani et al., "Attention Is All You Need", 2017.
     """
+    if _any_symbolic(query, key, value, mask):
+        return _Attention(is_causal, scale, return_attention_scores)(
+            query, key, value, mask
+        )
     query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
     mask = _check_inputs(query, key, value, mask)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    if not return_attention_scores:
-        if _fused_kernel_available():
-            return _fused_attention(query, key, value, mask, is_causal, scale)
-        if _chunks_pay_off(query, key):
-            return _chunked_attention(query, key, value, mask, is_causal, scale)
-    if is_causal:
-        causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])  # (T, S)
-        mask = merge_masks(mask, causal)
     if mask is not None:
-        mask = _expand_mask(mask, len(query.shape))
+        if is_causal:
+            causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
+            mask, is_causal = merge_masks(mask, causal), False
+        mask = _expand_mask(mask, len(query.shape))  # the weights' rank
+    if return_attention_scores:
+        causal_offset = 0 if is_causal else None
+        return _reference(query, key, value, mask, scale, causal_offset, True)
+    return _kernels.attention(
+        query, key, value, mask, is_causal, scale, reference=_reference
+    )
+
+
+def _reference(
+    query, key, value, mask, scale, causal_offset=None, with_weights=False
+):
+    """The reference path: the whole weight matrix, then the values.
+
+    `causal_offset`, if not `None`, is the position of the first query
+    among the keys (query `i` sees keys `j <= i + causal_offset`).
+    """
+    if causal_offset is not None:
+        causal = causal_mask(
+            ops.shape(query)[1], ops.shape(key)[1], offset=causal_offset
+        )  # (T, S)
+        mask = merge_masks(mask, causal)
     weights = attention_weights(query, key, mask, scale)
     output = attend(weights, value)
-    if return_attention_scores:
+    return (output, weights) if with_weights else output
+
+
+class _Attention(keras.Operation):
+    """`scaled_dot_product_attention` as an operation of a functional
+    model: traced on `keras.Input` by its output spec, run on the path the
+    dispatch picks when the model is called."""
+
+    def __init__(self, is_causal, scale, return_attention_scores):
+        super().__init__(name="scaled_dot_product_attention")
+        self.is_causal = is_causal
+        self.scale = scale
+        self.return_attention_scores = return_attention_scores
+
+    def call(self, query, key, value, mask=None):
+        return scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            mask=mask,
+            is_causal=self.is_causal,
+            scale=self.scale,
+            return_attention_scores=self.return_attention_scores,
+        )
+
+    def compute_output_spec(self, query, key, value, mask=None):
+        _check_inputs(query, key, value, mask)
+        dtype = keras.backend.standardize_dtype(query.dtype)
+        output = keras.KerasTensor(
+            (*query.shape[:-1], value.shape[-1]), dtype=dtype
+        )
+        if not self.return_attention_scores:
+            return output
+        batch, query_length = query.shape[0], query.shape[1]
+        heads = () if len(query.shape) == 3 else (query.shape[2],)
+        weights = keras.KerasTensor(
+            (batch, *heads, query_length, key.shape[1]), dtype=dtype
+        )
         return output, weights
-    return output
+
+
+def _any_symbolic(*tensors) -> bool:
+    return any(isinstance(x, keras.KerasTensor) for x in tensors)
 
 
 def attention_weights(query, key, mask=None, scale=None):
@@ -457,7 +529,8 @@ def _check_inputs(query, key, value, mask):
             )
     if mask is None:
         return None
-    mask = ops.convert_to_tensor(mask)
+    if not isinstance(mask, keras.KerasTensor):
+        mask = ops.convert_to_tensor(mask)
     dtype = keras.backend.standardize_dtype(mask.dtype)
     if dtype != "bool" and "int" not in dtype:
         raise ValueError(
@@ -518,197 +591,3 @@ def _shape_str(target):
     names = ("B", "T", "S") if len(target) == 3 else ("B", "N", "T", "S")
     dims = ", ".join(f"{n}={d}" for n, d in zip(names, target, strict=True))
     return f"({dims})"
-
-
-# --------------------------------------------------------------------------
-# Fused-kernel dispatch: the one place here that looks at the backend.
-#
-# `keras.ops.dot_product_attention` reaches PyTorch's fused SDPA kernels and,
-# on GPU, cuDNN flash attention for JAX. It returns the mean of the values
-# for a query row with no visible key (where we return zeros), so its output
-# is zeroed on those rows, which makes both paths agree on every input. On
-# TensorFlow, and on JAX without a GPU, it is the same XLA computation as the
-# reference path, so it is not used there.
-#
-# Where no fused kernel runs (TensorFlow; JAX on CPU), long sequences take a
-# memory-efficient path instead: the queries are processed in chunks of
-# `_CHUNK` rows, and each chunk is rematerialised in the backward pass
-# (`jax.checkpoint`, `tf.recompute_grad`), so a training step never holds
-# the whole `(B, N, T, S)` weight matrix. Each chunk runs the reference
-# computation on its rows, so the numbers are the reference path's.
-#
-# The KV-cache write (`_update_kv_cache`) also takes a per-backend form.
-# --------------------------------------------------------------------------
-
-_CHUNK = 256  # query rows per chunk
-_CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
-
-
-def _fused_kernel_available() -> bool:
-    backend = keras.backend.backend()
-    if backend == "torch":
-        return True
-    if backend == "jax":
-        import jax
-
-        return jax.default_backend() == "gpu"
-    return False
-
-
-def _fused_attention(query, key, value, mask, is_causal, scale):
-    single_head = len(query.shape) == 3
-    if single_head:
-        query, key, value = (ops.expand_dims(x, 2) for x in (query, key, value))
-    if mask is not None:
-        if is_causal:
-            # Merged here so that rows emptied by padding and causality
-            # together are found and zeroed below.
-            causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
-            mask, is_causal = merge_masks(mask, causal), False
-        if len(mask.shape) == 3 and single_head:
-            mask = ops.expand_dims(mask, 1)  # (B, 1, T, S)
-        mask = _expand_mask(mask, 4)  # (B|1, N|1, T, S)
-    output = _fused_kernel(query, key, value, mask, is_causal, scale)
-    if mask is not None:
-        visible = ops.any(mask, axis=-1)  # (B, N|1, T)
-        visible = ops.expand_dims(ops.transpose(visible, (0, 2, 1)), -1)
-        output = ops.where(visible, output, ops.zeros_like(output))
-    if single_head:
-        output = ops.squeeze(output, 2)  # (B, T, V)
-    return output
-
-
-def _fused_kernel(query, key, value, mask, is_causal, scale):
-    """The backend's fused kernel on `(B, T, N, H)` heads.
-
-    On PyTorch, `torch.nn.functional.scaled_dot_product_attention` is
-    called on transposed views, with grouped-query heads left to the
-    kernel: `keras.ops.dot_product_attention` copies the keys and values
-    into contiguous, repeated heads first, which for a decoding step means
-    copying the whole KV cache. The mask becomes additive (0 or a large
-    negative), as Keras makes it, so that a row with no visible key stays
-    finite (it is zeroed by the caller).
-    """
-    dtypes = {
-        keras.backend.standardize_dtype(x.dtype) for x in (query, key, value)
-    }
-    if keras.backend.backend() != "torch" or len(dtypes) > 1:
-        return ops.dot_product_attention(
-            query, key, value, mask=mask, scale=scale, is_causal=is_causal
-        )  # (B, T, N, V)
-    import torch
-
-    query, key, value = (
-        ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value)
-    )  # (B, N, T, H), (B, K, S, H), (B, K, S, V)
-    if mask is not None:
-        mask = torch.where(
-            ops.convert_to_tensor(mask),
-            torch.zeros((), dtype=query.dtype, device=query.device),
-            large_negative(query.dtype),
-        )
-    grouped = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=mask,
-        is_causal=is_causal,
-        scale=scale,
-        **grouped,
-    )  # (B, N, T, V)
-    return output.transpose(1, 2)  # (B, T, N, V)
-
-
-def _chunks_pay_off(query, key) -> bool:
-    query_length, key_length = query.shape[1], key.shape[1]
-    return (
-        keras.backend.backend() in ("jax", "tensorflow")
-        and query_length is not None
-        and key_length is not None
-        and query_length >= _CHUNKED_MIN_LENGTH
-        and key_length >= _CHUNK
-    )
-
-
-def _chunked_attention(query, key, value, mask, is_causal, scale):
-    rank = len(query.shape)
-    if mask is not None:
-        mask = _expand_mask(mask, 3 if rank == 3 else 4)  # (..., T|1, S)
-    length, key_length = query.shape[1], key.shape[1]
-    chunks = -(-length // _CHUNK)
-    pad = chunks * _CHUNK - length
-    # A sequential loop over equal chunks (`ops.map`), so that one chunk's
-    # buffers are live at a time; the last chunk is padded with queries
-    # whose outputs are dropped.
-    rows = _to_chunks(query, 1, pad, chunks)  # (chunks, B, C, [N,] H)
-    chunked_mask = mask is not None and mask.shape[-2] != 1
-    if chunked_mask:
-        mask_rows = _to_chunks(mask, len(mask.shape) - 2, pad, chunks)
-    starts = ops.arange(chunks) * _CHUNK  # first query position per chunk
-
-    def chunk(inputs):
-        query_rows, start = inputs[0], inputs[1]
-        rows_mask = inputs[2] if chunked_mask else mask  # (..., C|1, S)
-        if is_causal:
-            causal = causal_mask(_CHUNK, key_length, offset=start)  # (C, S)
-            rows_mask = merge_masks(rows_mask, causal)
-        weights = attention_weights(query_rows, key, rows_mask, scale)
-        return attend(weights, value)  # (B, C, [N,] V)
-
-    inputs = (rows, starts, mask_rows) if chunked_mask else (rows, starts)
-    outputs = ops.map(_rematerialized(chunk), inputs)  # (chunks, B, C, ...)
-    outputs = ops.moveaxis(outputs, 0, 1)  # (B, chunks, C, [N,] V)
-    outputs = ops.reshape(
-        outputs, (-1, chunks * _CHUNK, *outputs.shape[3:])
-    )  # (B, T + pad, [N,] V)
-    return outputs[:, :length]
-
-
-def _to_chunks(tensor, axis, pad, chunks):
-    """`tensor` with `axis` padded by `pad` and split into `chunks` equal
-    pieces stacked on a new leading axis."""
-    if pad:
-        widths = [(0, 0)] * len(tensor.shape)
-        widths[axis] = (0, pad)
-        tensor = ops.pad(tensor, widths)
-    shape = ops.shape(tensor)
-    tensor = ops.reshape(
-        tensor, (*shape[:axis], chunks, _CHUNK, *shape[axis + 1 :])
-    )
-    return ops.moveaxis(tensor, axis, 0)
-
-
-def _rematerialized(fn):
-    """`fn` whose intermediates are recomputed, not stored, for gradients."""
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.checkpoint(fn)
-    import tensorflow as tf
-
-    return tf.recompute_grad(fn)
-
-
-def _update_kv_cache(cache, key, value, index):
-    """Writes one step's keys and values into a `(B, 2, S_max, K, H)` cache.
-
-    `key` and `value` are `(B, T, K, H)`, written at positions `index ...
-    index + T - 1`. Returns `(cache, keys, values)`, the new cache and its
-    `(B, S_max, K, H)` halves to attend over. The form that costs least
-    differs: eager PyTorch copies a tensor per functional update, so one
-    update of the stacked cache (the halves are views of it) is cheapest;
-    under XLA, slicing the halves back out of an updated cache inside a
-    decoding loop costs another copy of the cache per step, so the halves
-    are updated apart and stacked for the returned cache.
-    """
-    key = ops.cast(key, cache.dtype)
-    value = ops.cast(value, cache.dtype)
-    if keras.backend.backend() == "torch":
-        update = ops.stack([key, value], axis=1)  # (B, 2, T, K, H)
-        cache = ops.slice_update(cache, (0, 0, index, 0, 0), update)
-        return cache, cache[:, 0], cache[:, 1]
-    keys = ops.slice_update(cache[:, 0], (0, index, 0, 0), key)
-    values = ops.slice_update(cache[:, 1], (0, index, 0, 0), value)
-    return ops.stack([keys, values], axis=1), keys, values

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from keras_attention import _kernels
 from keras_attention import functional as F
 from tests.helpers import BACKEND
 from tests.helpers import gradient
@@ -290,8 +291,8 @@ def test_memory_efficient_path_equals_reference(layout, causal):
     padding = np.arange(key_length)[None, :] < np.array([[300], [key_length]])
     mask = np.broadcast_to(padding[:, None, :], (2, length, key_length)).copy()
     mask[1, 7] = False  # a query that sees no key
-    if BACKEND != "torch" and not F._fused_kernel_available():
-        assert F._chunks_pay_off(ops.convert_to_tensor(q), k)
+    if not _kernels._has_fused_kernel():
+        assert _kernels.select(ops.convert_to_tensor(q), k) == "chunked"
     fast = assert_dispatch_equals_reference(q, k, v, mask, causal)
     assert np.all(to_numpy(fast)[1, 7] == 0)
 

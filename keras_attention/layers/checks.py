@@ -1,6 +1,9 @@
 """Input checks shared by the layers: clear `ValueError`s, written once."""
 
 import keras
+from keras import ops
+
+from keras_attention._kernels import static_int
 
 
 def positive_int(value) -> bool:
@@ -20,12 +23,38 @@ def check_positive_int(where: str, name: str, value, optional=False):
 
 
 def check_start_index(where: str, start_index):
-    """A static `start_index` (a Python int) must not be negative."""
-    if isinstance(start_index, int) and start_index < 0:
+    """A known `start_index` (an int, a NumPy integer, an eager tensor)
+    must not be negative; a traced one is used as given."""
+    value = static_int(start_index)
+    if value is not None and value < 0:
         raise ValueError(
             f"{where}: `start_index` must be >= 0. "
-            f"Received: start_index={start_index}"
+            f"Received: start_index={value}"
         )
+
+
+def check_index_range(where, name, index, length, limit, what):
+    """`index ... index + length - 1` must lie in `[0, limit)`.
+
+    A known index out of range raises a `ValueError` naming `name`, the
+    positions and `limit` (`what` says what the limit is). A traced index
+    cannot be checked: it is clipped to `[0, limit - length]`, so that
+    the last positions are used, the same on every backend (as XLA's
+    `dynamic_update_slice` clips). Returns the index to use.
+    """
+    value = static_int(index)
+    if limit is None:
+        return index
+    if value is not None:
+        if length is not None and not 0 <= value <= limit - length:
+            raise ValueError(
+                f"{where}: positions {value}..{value + length - 1} do not "
+                f"fit {what} ({limit} positions). Received: {name}={value}"
+            )
+        return index
+    if length is None:
+        return index
+    return ops.clip(index, 0, max(limit - length, 0))
 
 
 def check_mask(where: str, name: str, mask, expected):

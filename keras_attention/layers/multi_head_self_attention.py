@@ -7,6 +7,7 @@ D model dim, N query heads, K key/value heads, H head dim.
 import keras
 from keras import ops
 
+from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.multi_head_core import MultiHeadCore
@@ -67,7 +68,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
         cache: tensor `(B, 2, S_max, K, H)`: keys `[:, 0]` and values
             `[:, 1]` of the previous steps. Needs `key_dim == value_dim`.
         cache_index: int or scalar int tensor. Position of the first token
-            of `inputs` in the cache.
+            of `inputs` in the cache. A known index whose tokens do not fit
+            the cache raises a `ValueError`; a traced one (inside a
+            compiled function) is clipped so that they fit.
         training: bool. Whether dropout is active.
         mask, inputs_mask: the implicit Keras mask of `inputs`, filled in by
             Keras; not passed by hand.
@@ -153,6 +156,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
             return outputs, scores
         return outputs
 
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
     def compute_output_spec(
         self,
         inputs,
@@ -189,7 +195,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
         return_attention_scores,
         training,
     ):
-        self._check_cache(inputs, cache, cache_index)
+        cache_index = self._check_cache(inputs, cache, cache_index)
         batch, length = inputs.shape[0], inputs.shape[1]
         max_length = cache.shape[2]
         self._check_mask("padding_mask", padding_mask, (batch, max_length))
@@ -200,7 +206,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
         key, value = self._project_key_value(
             inputs, inputs, start_index=cache_index
         )  # (B, T, K, H)
-        cache, keys, values = functional._update_kv_cache(
+        cache, keys, values = _kernels.update_kv_cache(
             cache, key, value, cache_index
         )  # (B, 2, S_max, K, H), (B, S_max, K, H) twice
         # Slots after the new tokens hold no keys yet: always hidden.
@@ -248,17 +254,11 @@ class MultiHeadSelfAttention(MultiHeadCore):
                 "new token) is required with `cache`. Received: "
                 "cache_index=None"
             )
-        length, max_length = inputs.shape[1], cache.shape[2]
-        if (
-            isinstance(cache_index, int)
-            and length is not None
-            and max_length is not None
-            and not 0 <= cache_index <= max_length - length
-        ):
-            raise ValueError(
-                f"{self._where()}: tokens {cache_index}..."
-                f"{cache_index + length - 1} do not fit a cache of "
-                f"{max_length} positions. Received: cache_index={cache_index}, "
-                f"inputs.shape={tuple(inputs.shape)}, "
-                f"cache.shape={tuple(cache.shape)}"
-            )
+        return checks.check_index_range(
+            self._where(),
+            "cache_index",
+            cache_index,
+            inputs.shape[1],
+            cache.shape[2],
+            "the cache",
+        )

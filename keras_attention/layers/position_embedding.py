@@ -28,7 +28,9 @@ class PositionEmbedding(keras.layers.Layer):
         inputs: tensor `(B, T, D)`.
         start_index: int or scalar int tensor. The position of the first
             step, for incremental decoding. Defaults to `0`;
-            `start_index + T` must not exceed `max_length`.
+            `start_index + T` must not exceed `max_length` (a
+            `ValueError` when the index is known; a traced index, inside a
+            compiled function, is clipped to `max_length - T`).
 
     Returns:
         `inputs + E[start_index : start_index + T]`, shape `(B, T, D)`.
@@ -75,21 +77,16 @@ class PositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
-        checks.check_start_index(
-            f"PositionEmbedding (layer '{self.name}')", start_index
+        where = f"PositionEmbedding (layer '{self.name}')"
+        checks.check_start_index(where, start_index)
+        start_index = checks.check_index_range(
+            where,
+            "start_index",
+            start_index,
+            inputs.shape[1],
+            self.max_length,
+            "the table of `max_length`",
         )
-        length = inputs.shape[1]
-        if (
-            length is not None
-            and isinstance(start_index, int)
-            and start_index + length > self.max_length
-        ):
-            raise ValueError(
-                f"PositionEmbedding (layer '{self.name}'): positions "
-                f"{start_index}..{start_index + length - 1} exceed "
-                f"max_length={self.max_length}. Received: "
-                f"inputs.shape={tuple(inputs.shape)}, start_index={start_index}"
-            )
         length = ops.shape(inputs)[1]
         positions = ops.slice(
             ops.convert_to_tensor(self.embeddings),

@@ -1,0 +1,135 @@
+"""Every backend-specific path of the library, and the rule that picks one.
+
+`functional.py` holds the attention math in `keras.ops`; this package holds
+what looks at the backend:
+
+* the paths of dot-product attention (`PATHS`), each a named function with
+  the signature `path(query, key, value, mask, is_causal, scale,
+  reference)`: `"reference"` (the math of `functional`, which returns the
+  weights too), `"chunked"` (query chunks, rematerialised for gradients:
+  memory O(chunk x S)) and `"fused"` (the backend's own kernel);
+* `select`, the rule that picks a path, and `force`, which overrides it
+  (tests run every path on every backend through it);
+* the KV-cache write (`update_kv_cache`) and the pieces of running
+  programs (`runtime`).
+
+A path is chosen only where it is faster than the reference and gives the
+reference's outputs and gradients: the fused kernel on PyTorch and on JAX
+with a GPU; query chunks for long sequences where no fused kernel runs
+(TensorFlow, JAX on CPU). Every path exists on every backend, so each can
+be forced and checked everywhere.
+"""
+
+import contextlib
+import functools
+
+import keras
+
+from keras_attention._kernels.cache import update_kv_cache as update_kv_cache
+from keras_attention._kernels.chunked import chunked_attention
+from keras_attention._kernels.fused import fused_attention
+from keras_attention._kernels.runtime import static_int as static_int
+
+CHUNK_SIZE = 256  # query rows per chunk
+CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
+
+
+def reference_attention(query, key, value, mask, is_causal, scale, reference):
+    """The reference math of `functional`, on the whole `(T, S)` matrix."""
+    return reference(query, key, value, mask, scale, 0 if is_causal else None)
+
+
+def _chunked(query, key, value, mask, is_causal, scale, reference):
+    return chunked_attention(
+        query,
+        key,
+        value,
+        mask,
+        is_causal,
+        scale,
+        reference,
+        chunk_size=_forced["chunk_size"] or CHUNK_SIZE,
+    )
+
+
+PATHS = {
+    "reference": reference_attention,
+    "chunked": _chunked,
+    "fused": fused_attention,
+}
+
+_forced = {"path": None, "chunk_size": None}
+
+
+@contextlib.contextmanager
+def force(path, chunk_size=None):
+    """Runs every attention call inside the context on `path`.
+
+    Args:
+        path: str. A name in `PATHS`, whatever the lengths or the device.
+        chunk_size: int, optional. Query rows per chunk of the chunked
+            path. Defaults to `CHUNK_SIZE`.
+    """
+    if path not in PATHS:
+        raise ValueError(
+            f"force: `path` must be one of {sorted(PATHS)}. "
+            f"Received: path={path!r}"
+        )
+    previous = dict(_forced)
+    _forced.update(path=path, chunk_size=chunk_size)
+    try:
+        yield
+    finally:
+        _forced.update(previous)
+
+
+def select(query, key) -> str:
+    """The name of the path that `attention` takes for these inputs."""
+    if _forced["path"] is not None:
+        return _forced["path"]
+    if _has_fused_kernel():
+        return "fused"
+    query_length, key_length = query.shape[1], key.shape[1]
+    if (
+        query_length is not None
+        and key_length is not None
+        and query_length >= CHUNKED_MIN_LENGTH
+        and key_length >= CHUNK_SIZE
+    ):
+        return "chunked"
+    return "reference"
+
+
+def attention(query, key, value, mask, is_causal, scale, reference):
+    """Dot-product attention on the selected path.
+
+    Args:
+        query, key, value: `(B, T, H)`, `(B, S, H)`, `(B, S, V)` or
+            `(B, T, N, H)`, `(B, S, K, H)`, `(B, S, K, V)`.
+        mask: boolean tensor of the weights' rank (`(B|1, T|1, S)` or
+            `(B|1, N|1, T|1, S)`) or `None`; never given with `is_causal`.
+        is_causal: bool. Top-left causal masking (query `i` sees `j <= i`).
+        scale: float. Multiplies the logits.
+        reference: the reference math, `reference(query, key, value, mask,
+            scale, causal_offset)`, `causal_offset` `None` or the position
+            of the first query.
+
+    Returns:
+        The output, `(B, T, V)` or `(B, T, N, V)`.
+    """
+    path = select(query, key)
+    if path == "chunked" and query.shape[1] is None:
+        path = "reference"  # chunks need a known length
+    return PATHS[path](query, key, value, mask, is_causal, scale, reference)
+
+
+@functools.cache
+def _has_fused_kernel() -> bool:
+    backend = keras.backend.backend()
+    if backend == "torch":
+        return True
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "gpu"
+    return False

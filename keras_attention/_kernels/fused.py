@@ -1,0 +1,81 @@
+"""The fused path: the backend's own attention kernel.
+
+`keras.ops.dot_product_attention` reaches PyTorch's fused SDPA kernels and,
+on GPU, cuDNN flash attention for JAX. Such a kernel gives a query row with
+no visible key the mean of the values (where the reference gives zeros), so
+its output is zeroed on those rows, which makes both paths agree on every
+input.
+
+Shape legend: B batch, T query length, S key length, N query heads,
+K key/value heads, H head dim, V value head dim.
+"""
+
+import keras
+from keras import ops
+
+
+def fused_attention(query, key, value, mask, is_causal, scale, reference):
+    """Attention through the backend's fused kernel.
+
+    `mask` has the weights' rank (`(B|1, T|1, S)` for 3-D inputs,
+    `(B|1, N|1, T|1, S)` for 4-D) and is never given together with
+    `is_causal` (the caller merges them), so that `is_causal` reaches the
+    kernel alone and lets it skip the masked blocks.
+    """
+    del reference  # the kernel computes everything itself
+    single_head = len(query.shape) == 3
+    if single_head:
+        query, key, value = (ops.expand_dims(x, 2) for x in (query, key, value))
+        if mask is not None:
+            mask = ops.expand_dims(mask, 1)  # (B|1, 1, T|1, S)
+    output = _kernel(query, key, value, mask, is_causal, scale)
+    if mask is not None:
+        visible = ops.any(mask, axis=-1)  # (B|1, N|1, T|1)
+        visible = ops.expand_dims(ops.transpose(visible, (0, 2, 1)), -1)
+        output = ops.where(visible, output, ops.zeros_like(output))
+    if single_head:
+        output = ops.squeeze(output, 2)  # (B, T, V)
+    return output
+
+
+def _kernel(query, key, value, mask, is_causal, scale):
+    """The backend's fused kernel on `(B, T, N, H)` heads.
+
+    On PyTorch, `torch.nn.functional.scaled_dot_product_attention` is
+    called on transposed views, with grouped-query heads left to the
+    kernel: `keras.ops.dot_product_attention` copies the keys and values
+    into contiguous, repeated heads first, which for a decoding step means
+    copying the whole KV cache. The mask becomes additive (0 or a large
+    negative), as Keras makes it, so that a row with no visible key stays
+    finite (it is zeroed by the caller).
+    """
+    dtypes = {
+        keras.backend.standardize_dtype(x.dtype) for x in (query, key, value)
+    }
+    if keras.backend.backend() != "torch" or len(dtypes) > 1:
+        return ops.dot_product_attention(
+            query, key, value, mask=mask, scale=scale, is_causal=is_causal
+        )  # (B, T, N, V)
+    import torch
+
+    query, key, value = (
+        ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value)
+    )  # (B, N, T, H), (B, K, S, H), (B, K, S, V)
+    if mask is not None:
+        negative = torch.finfo(query.dtype).min / 2
+        mask = torch.where(
+            ops.convert_to_tensor(mask),
+            torch.zeros((), dtype=query.dtype, device=query.device),
+            torch.full((), negative, dtype=query.dtype, device=query.device),
+        )
+    grouped = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=scale,
+        **grouped,
+    )  # (B, N, T, V)
+    return output.transpose(1, 2)  # (B, T, N, V)
