@@ -3,8 +3,17 @@
 Bahdanau and Luong attention for RNN decoders and the Transformer's
 attention layers and blocks, as Keras 3 layers that run on TensorFlow,
 JAX and PyTorch.
+
+The submodules `functional` and `decoding` are imported with the package;
+`datasets` and `visualization`, which serve optional extras, are imported
+on first use (`keras_attention.visualization.plot_attention(...)`). The
+package imports without matplotlib, Babel or num2words; only the
+functions that need one of them ask for it.
 """
 
+import importlib as _importlib
+
+from keras_attention import decoding as decoding
 from keras_attention import functional as functional
 from keras_attention.layers import AttentionDecoder as AttentionDecoder
 from keras_attention.layers import AttentionMechanism as AttentionMechanism
@@ -38,5 +47,22 @@ __all__ = [
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
     "__version__",
+    "datasets",
+    "decoding",
     "functional",
+    "visualization",
 ]
+
+_LAZY_SUBMODULES = ("datasets", "visualization")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        module = _importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

@@ -266,3 +266,138 @@ def test_mixed_precision(policy):
     assert np.all(alignments[0, :, 4:] == 0.0)
     tolerance = 0.05 if compute == "float16" else 0.2
     np.testing.assert_allclose(to_numpy(out), want, atol=tolerance)
+
+
+# --- attention dropout -----------------------------------------------------
+
+DROPOUT_ATTENTIONS = {
+    "bahdanau": lambda rate: BahdanauAttention(8, dropout=rate),
+    "luong": lambda rate: LuongAttention("general", dropout=rate),
+}
+
+
+def dropout_decoder(attention="bahdanau", rate=0.3):
+    return AttentionDecoder(
+        keras.layers.GRUCell(U), DROPOUT_ATTENTIONS[attention](rate)
+    )
+
+
+@pytest.mark.parametrize("attention", DROPOUT_ATTENTIONS)
+def test_fit_with_attention_dropout(attention):
+    # The masks are drawn outside the scan: a seed drawn inside it left a
+    # tracer in the seed generator on JAX (`UnexpectedTracerError`).
+    targets = keras.Input((None, E))
+    encoded = keras.Input((None, DE))
+    layer = dropout_decoder(attention)
+    outputs = keras.layers.Dense(3)(layer(targets, encoded))
+    model = keras.Model([targets, encoded], outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    before = [to_numpy(w) for w in layer.trainable_weights]
+    x, e, _ = inputs()
+    y = rng(3).normal(size=(B, T, 3)).astype("float32")
+    history = model.fit(
+        [np.concatenate([x, x]), np.concatenate([e, e])],
+        np.concatenate([y, y]),
+        batch_size=B,
+        epochs=1,
+        verbose=0,
+    )
+    assert np.isfinite(history.history["loss"]).all()
+    for old, new in zip(before, layer.trainable_weights, strict=True):
+        assert not np.allclose(old, to_numpy(new)), new.path
+
+
+def test_eager_training_calls_leave_the_attention_usable():
+    targets, encoded, mask = inputs()
+    layer = dropout_decoder()
+    first = layer(targets, encoded, encoder_padding_mask=mask, training=True)
+    second = layer(targets, encoded, encoder_padding_mask=mask, training=True)
+    assert not np.allclose(to_numpy(first), to_numpy(second))  # new masks
+    query = rng(2).normal(size=(B, U)).astype("float32")
+    for training in (True, False):
+        context = layer.attention(
+            query, encoded, value_mask=mask, training=training
+        )
+        assert tuple(context.shape) == (B, DE)
+    state = layer.get_initial_state(encoded, mask)
+    out, _, _ = layer.step(targets[:, 0], state, encoded, mask, training=True)
+    assert tuple(out.shape) == (B, U)
+
+
+@pytest.mark.parametrize("attention", DROPOUT_ATTENTIONS)
+def test_attention_dropout_acts_in_training_only(attention):
+    targets, encoded, mask = inputs()
+    layer = dropout_decoder(attention, rate=0.5)
+    plain = dropout_decoder(attention, rate=0.0)
+    layer(targets, encoded)
+    plain(targets, encoded)
+    plain.set_weights(layer.get_weights())
+    want = to_numpy(plain(targets, encoded, encoder_padding_mask=mask))
+    for training in (None, False):
+        got = layer(
+            targets, encoded, encoder_padding_mask=mask, training=training
+        )
+        np.testing.assert_allclose(to_numpy(got), want, atol=1e-6)
+    trained = layer(targets, encoded, encoder_padding_mask=mask, training=True)
+    assert not np.allclose(to_numpy(trained), want, atol=1e-3)
+
+
+def test_attention_dropout_is_reproducible_with_the_seed():
+    targets, encoded, mask = inputs()
+    results = []
+    for _ in range(2):
+        keras.utils.set_random_seed(7)
+        layer = dropout_decoder(rate=0.5)
+        results.append(to_numpy(layer(targets, encoded, mask, training=True)))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("attention", DROPOUT_ATTENTIONS)
+def test_each_step_uses_its_own_dropout_mask(attention):
+    """The loop draws one `(T, B, S)` keep-mask and step t uses row t."""
+    targets, encoded, mask = inputs()
+    layer = dropout_decoder(attention, rate=0.5)
+    layer(targets, encoded)
+    seed = layer.attention._dropout_layer.seed_generator.state
+    start = keras.ops.convert_to_numpy(seed)
+    # An unseeded generator draws from torch's global generator on torch.
+    keras.utils.set_random_seed(11)
+    outputs = layer(targets, encoded, mask, training=True)
+    seed.assign(start)
+    keras.utils.set_random_seed(11)
+    masks = layer.attention._draw_dropout_mask((T, B, S))  # (T, B, S)
+    kept = to_numpy(masks)
+    assert set(np.unique(kept)) == {0.0, 2.0}
+    assert not np.array_equal(kept[0], kept[1])
+    state = layer.get_initial_state(encoded, mask)
+    for t in range(T):
+        out, state, _ = layer._step(
+            targets[:, t], state, encoded, mask, True, masks[t]
+        )
+        np.testing.assert_allclose(
+            to_numpy(out), to_numpy(outputs[:, t]), atol=1e-5
+        )
+
+
+# --- shapes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "attention,kwargs,dim",
+    [("bahdanau", {}, U), ("luong_general", {"attention_dim": 6}, 6)],
+)
+def test_compute_output_shape(attention, kwargs, dim):
+    layer = decoder("lstm", attention, **kwargs)
+    assert layer.compute_output_shape((B, T, E), (B, S, DE)) == (B, T, dim)
+    assert layer.compute_output_shape((None, None, E), (None, S, DE)) == (
+        None,
+        None,
+        dim,
+    )
+    targets = keras.Input((None, E), batch_size=B)
+    encoded = keras.Input((S, DE), batch_size=B)
+    symbolic = layer(targets, encoded)
+    assert tuple(symbolic.shape) == (B, None, dim)
+    model = keras.Model([targets, encoded], symbolic)
+    x, e, _ = inputs()
+    assert tuple(model([x, e]).shape) == (B, T, dim)

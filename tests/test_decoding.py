@@ -341,3 +341,56 @@ def test_beam_search_passes_scalar_state_through(as_tensor):
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(ids), keras.ops.convert_to_numpy(expected)
     )
+
+
+BIGRAM = np.log(
+    np.array(
+        [[0.1, 0.5, 0.4], [0.34, 0.33, 0.33], [0.9, 0.05, 0.05]], "float32"
+    )
+)
+
+
+def table_step(ids, state):
+    """A bigram model that reads its table from the state."""
+    return ops.take(state["table"], ids, axis=0), state
+
+
+@pytest.mark.parametrize(
+    "state,where,shape",
+    [
+        ({"table": BIGRAM}, r"state leaf \['table'\]", r"\(3, 3\)"),
+        (
+            {"decoder": [np.zeros((2, 4)), np.zeros((5, 4))]},
+            r"state leaf \['decoder'\]\[1\]",
+            r"\(5, 4\)",
+        ),
+        (np.zeros((1, 4)), "state", r"\(1, 4\)"),
+    ],
+)
+def test_beam_search_refuses_state_leaves_without_the_batch(
+    state, where, shape
+):
+    # Tiling a (V, V) table to B·K rows along its first axis would give a
+    # different, wrong table: the leaf must have B rows or stay in the
+    # closure.
+    with pytest.raises(
+        ValueError,
+        match=rf"beam_search: .*batch size B=2 .*Received: {where} with "
+        rf"shape {shape}$",
+    ):
+        beam_search(table_step, state, np.array([0, 0]), 2, beam_width=2)
+
+
+def test_a_shared_table_belongs_in_the_closure():
+    state = {"table": ops.convert_to_tensor(BIGRAM)}
+    start = np.array([0, 0])
+    closure, _ = beam_search(
+        lambda ids, s: (ops.take(BIGRAM, ids, 0), s), (), start, 2, 2
+    )
+    np.testing.assert_array_equal(to_numpy(closure), [[2, 0], [2, 0]])
+    # Greedy search and sampling hand the state to the step function as
+    # it is, so there a table in the state is read unchanged.
+    greedy = greedy_search(table_step, state, start, 2)
+    np.testing.assert_array_equal(to_numpy(greedy), [[1, 0], [1, 0]])
+    sampled = sample(table_step, state, start, 2, top_k=1)
+    np.testing.assert_array_equal(to_numpy(sampled), to_numpy(greedy))

@@ -2,6 +2,11 @@
 
 import doctest
 import inspect
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import keras
 import pytest
@@ -45,7 +50,8 @@ LAYER_CLASSES = [
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
 ]
-PUBLIC_NAMES = [*LAYER_CLASSES, "__version__", "functional"]
+SUBMODULES = ["datasets", "decoding", "functional", "visualization"]
+PUBLIC_NAMES = [*LAYER_CLASSES, "__version__", *SUBMODULES]
 PUBLIC_FUNCTIONS = [
     "additive_score",
     "attend",
@@ -114,6 +120,73 @@ def test_module_functions_are_pinned_and_documented(module):
             assert "Args:" in doc, name
 
 
+# Run in a fresh process: here the test module has imported every
+# submodule, which makes each an attribute of the package anyway.
+FRESH_IMPORT = """
+import os
+import sys
+
+if os.environ.get("KERAS_BACKEND") == "torch":
+    import torch  # noqa: F401  (before tensorflow, as in conftest.py)
+sys.modules["matplotlib"] = None  # as if the [viz] extra were missing
+
+import keras_attention as ka
+
+loaded = [
+    name
+    for name in ("babel", "num2words", "keras_attention.datasets",
+                 "keras_attention.visualization")
+    if name in sys.modules
+]
+assert not loaded, f"imported with the package: {loaded}"
+import keras
+import numpy as np
+
+ids = ka.decoding.greedy_search(
+    lambda ids, state: (keras.ops.one_hot(ids + 1, 3), state),
+    (),
+    np.array([0, 1]),
+    max_length=1,
+)
+assert keras.ops.convert_to_numpy(ids).tolist() == [[1], [2]]
+assert ka.functional.causal_mask is not None
+assert len(ka.datasets.Vocabulary(["a"])) == 5
+try:
+    ka.visualization.plot_attention(np.eye(2))
+except ImportError as error:
+    assert "[viz]" in str(error), error
+else:
+    raise AssertionError("plot_attention drew without matplotlib")
+assert {"datasets", "decoding", "functional", "visualization"} <= set(dir(ka))
+try:
+    ka.no_such_module
+except AttributeError as error:
+    assert "no_such_module" in str(error), error
+else:
+    raise AssertionError("ka.no_such_module")
+print("ok")
+"""
+
+
+def test_submodules_are_attributes_of_a_fresh_import():
+    """`import keras_attention as ka` gives `ka.decoding`, `ka.functional`,
+    `ka.datasets` and `ka.visualization`; the last two, which serve the
+    optional extras, are imported on first use, and none needs
+    matplotlib, Babel or num2words to import."""
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FRESH_IMPORT)],
+        env={**os.environ, "KERAS_BACKEND": keras.backend.backend()},
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip().endswith("ok")
+
+
 def test_version_is_single_sourced():
     from keras_attention.version import __version__
 
@@ -173,22 +246,18 @@ def test_dataset_names_are_documented():
         assert doc and "Examples:" in doc, name
 
 
-def test_only_the_dispatch_point_touches_a_backend():
-    """Layers use keras.ops only; functional.py's fused-kernel dispatch and
-    `_backend.py` are the marked places that may look at a backend."""
+def test_only_the_kernels_package_touches_a_backend():
+    """Layers and `functional.py` use keras.ops only; the private
+    `_kernels` package is the marked place that may look at a backend."""
     import re
-    from pathlib import Path
 
     package = Path(keras_attention.__file__).parent
+    kernels = package / "_kernels"
     backend_import = re.compile(
         r"^\s*(import|from)\s+(jax|torch|tensorflow|keras\.src)\b", re.M
     )
     for path in package.rglob("*.py"):
+        if kernels in path.parents:
+            continue
         source = path.read_text(encoding="utf-8")
-        if path.name == "_backend.py":
-            continue
-        if path.name == "functional.py":
-            dispatch = source.index("# Fused-kernel dispatch")
-            assert not backend_import.search(source[:dispatch])
-            continue
         assert not backend_import.search(source), path

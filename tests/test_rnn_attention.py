@@ -301,6 +301,37 @@ def test_dropout_applies_to_weights_only_in_training():
     assert not np.allclose(to_numpy(trained), to_numpy(inference))
 
 
+@pytest.mark.parametrize("query_rank", [2, 3])
+@pytest.mark.parametrize("training", [None, True])
+def test_attend_applies_a_given_dropout_mask(query_rank, training):
+    """A loop draws its masks itself and passes one per step to `attend`;
+    the layer's own dropout is then not used."""
+    query, value, mask = inputs("bahdanau", query_rank=query_rank)
+    layer = BahdanauAttention(units=4, dropout=0.5)
+    layer(query, value)
+    shape = (*query.shape[:-1], S)
+    keep = rng(5).integers(0, 2, size=shape).astype("float32") * 2.0
+    context, weights = layer.attend(
+        query,
+        value,
+        layer.project_keys(value),
+        value_mask=mask,
+        return_attention_scores=True,
+        training=training,
+        dropout_mask=keep,
+    )
+    spec = "bs,bsv->bv" if query_rank == 2 else "bts,bsv->btv"
+    want = np.einsum(spec, to_numpy(weights) * keep, value)
+    np.testing.assert_allclose(to_numpy(context), want, atol=1e-5)
+    with pytest.raises(ValueError, match=r"dropout_mask.shape=\(2, 9\)"):
+        layer.attend(
+            query,
+            value,
+            layer.project_keys(value),
+            dropout_mask=np.ones((2, 9), "float32"),
+        )
+
+
 # --- the layer contract ----------------------------------------------------
 
 

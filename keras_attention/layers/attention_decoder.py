@@ -43,10 +43,12 @@ class AttentionDecoder(keras.layers.Layer):
 
     The teacher-forced loop is a `keras.ops.scan`, so it compiles with the
     rest of the model; the attention's key projections are computed once
-    per source sequence. Dropout inside the loop (cell dropout, attention
-    dropout) is not applied; put `Dropout` on the decoder's inputs and
-    outputs. For step-by-step inference use
-    `get_initial_state` and `step`, which `keras_attention.decoding` drives.
+    per source sequence. The attention's `dropout` acts in training: its
+    masks, one per step, are drawn before the loop, as Keras's RNN layers
+    draw theirs, so training also compiles on JAX. Cell dropout is not
+    supported; put `Dropout` on the decoder's inputs and outputs. For
+    step-by-step inference use `get_initial_state` and `step`, which
+    `keras_attention.decoding` drives.
 
     Args:
         cell: a Keras RNN cell (`GRUCell`, `LSTMCell`, `SimpleRNNCell`, ...).
@@ -70,7 +72,7 @@ class AttentionDecoder(keras.layers.Layer):
             state. Defaults to zeros.
         return_attention_scores: bool. Also return the alignment history
             `(B, T, S)`.
-        training: bool.
+        training: bool. Whether the attention's dropout is active.
 
     Returns:
         Outputs `(B, T, U)` (Bahdanau) or `(B, T, A)` (Luong), and with
@@ -223,14 +225,26 @@ class AttentionDecoder(keras.layers.Layer):
             "alignment": ops.zeros((batch, source_length), self.compute_dtype),
         }
 
-        def scan_step(carry, inputs_t):
+        steps = {"inputs": ops.transpose(inputs, (1, 0, 2))}  # (T, B, E)
+        if training:
+            # Drawn here, not in the loop: a seed drawn inside the scan
+            # would leave the trace on JAX.
+            length = ops.shape(inputs)[1]
+            dropout_mask = self.attention._draw_dropout_mask(
+                (length, batch, source_length)
+            )  # (T, B, S)
+            if dropout_mask is not None:
+                steps["dropout_mask"] = dropout_mask
+
+        def scan_step(carry, step_inputs):
             state = {k: carry[k] for k in state_keys}
-            output, new_state, alignment = self.step(
-                inputs_t,
+            output, new_state, alignment = self._step(
+                step_inputs["inputs"],
                 {**state, "keys": keys},
                 encoder_outputs,
                 encoder_padding_mask,
                 training=training,
+                dropout_mask=step_inputs.get("dropout_mask"),
             )
             new_state.pop("keys")
             carry = {**new_state, "output": output, "alignment": alignment}
@@ -242,13 +256,15 @@ class AttentionDecoder(keras.layers.Layer):
             return carry, carry
 
         state_keys = tuple(state)
-        steps = ops.transpose(inputs, (1, 0, 2))  # (T, B, E)
         _, stacked = ops.scan(scan_step, init, steps)
         outputs = ops.transpose(stacked["output"], (1, 0, 2))  # (B, T, U|A)
         alignments = stacked["alignment"]  # (T, B, S)
         if return_attention_scores:
             return outputs, ops.transpose(alignments, (1, 0, 2))  # (B, T, S)
         return outputs
+
+    def compute_output_shape(self, inputs_shape, encoder_outputs_shape):
+        return (inputs_shape[0], inputs_shape[1], self.output_dim)
 
     def compute_output_spec(
         self,
@@ -260,12 +276,13 @@ class AttentionDecoder(keras.layers.Layer):
         training=None,
         encoder_outputs_mask=None,
     ):
-        batch, length = inputs.shape[0], inputs.shape[1]
         outputs = keras.KerasTensor(
-            (batch, length, self.output_dim), dtype=self.compute_dtype
+            self.compute_output_shape(inputs.shape, encoder_outputs.shape),
+            dtype=self.compute_dtype,
         )
         if not return_attention_scores:
             return outputs
+        batch, length = inputs.shape[0], inputs.shape[1]
         alignments = keras.KerasTensor(
             (batch, length, encoder_outputs.shape[1]), dtype=self.compute_dtype
         )
@@ -361,6 +378,21 @@ class AttentionDecoder(keras.layers.Layer):
             `(output_t, new_state, alignment_t)`: output `(B, U)` or
             `(B, A)`, the new state dict, the weights `(B, S)`.
         """
+        return self._step(
+            inputs_t, state, encoder_outputs, encoder_padding_mask, training
+        )
+
+    def _step(
+        self,
+        inputs_t,
+        state,
+        encoder_outputs,
+        encoder_padding_mask,
+        training,
+        dropout_mask=None,
+    ):
+        """`step`, with the attention's dropout mask `(B, S)` when the
+        caller drew it (the teacher-forced loop)."""
         cell_state, keys = state["cell"], state["keys"]
         if self.flow == "bahdanau":
             context, alignment = self._attend(
@@ -369,6 +401,7 @@ class AttentionDecoder(keras.layers.Layer):
                 keys,
                 encoder_padding_mask,
                 training,
+                dropout_mask,
             )
             cell_input = ops.concatenate(
                 [inputs_t, ops.cast(context, inputs_t.dtype)], axis=-1
@@ -387,7 +420,12 @@ class AttentionDecoder(keras.layers.Layer):
             self.cell, cell_input, cell_state, training=training
         )
         context, alignment = self._attend(
-            hidden, encoder_outputs, keys, encoder_padding_mask, training
+            hidden,
+            encoder_outputs,
+            keys,
+            encoder_padding_mask,
+            training,
+            dropout_mask,
         )
         output = invoke(
             self.attention_projection,
@@ -399,7 +437,13 @@ class AttentionDecoder(keras.layers.Layer):
         return output, new_state, alignment
 
     def _attend(
-        self, query, encoder_outputs, keys, encoder_padding_mask, training
+        self,
+        query,
+        encoder_outputs,
+        keys,
+        encoder_padding_mask,
+        training,
+        dropout_mask,
     ):
         return self.attention.attend(
             query,
@@ -408,6 +452,7 @@ class AttentionDecoder(keras.layers.Layer):
             value_mask=encoder_padding_mask,
             return_attention_scores=True,
             training=training,
+            dropout_mask=dropout_mask,
         )
 
     def _where(self):

@@ -160,6 +160,7 @@ class AttentionMechanism(keras.layers.Layer):
         value_mask=None,
         return_attention_scores: bool = False,
         training=None,
+        dropout_mask=None,
     ):
         """Attention with keys already passed through `project_keys`.
 
@@ -170,21 +171,41 @@ class AttentionMechanism(keras.layers.Layer):
             value_mask: boolean tensor `(B, S)` or `None`.
             return_attention_scores: bool. Also return the weights.
             training: bool. Whether dropout is active.
+            dropout_mask: float tensor `(B, S)` or `(B, T, S)` (the shape
+                of the weights), or `None`. A dropout keep-mask already
+                scaled by `1 / (1 - dropout)`: the weights are multiplied
+                by it instead of going through the layer's own dropout,
+                whatever `training` is. A loop compiled with
+                `keras.ops.scan` draws its masks before the loop and
+                passes one per step (as Keras's RNN layers do): a seed
+                drawn inside the loop body would escape JAX's trace.
+                Defaults to `None`: the layer's dropout, in training.
 
         Returns:
             As the layer's call.
         """
         self._check_mask(value_mask, value.shape)
         single_step = len(query.shape) == 2
+        checks.check_shape(
+            self._where(),
+            "dropout_mask",
+            dropout_mask,
+            (*query.shape[:-1], value.shape[1]),
+        )
         if single_step:
             query = ops.expand_dims(query, 1)  # (B, 1, Dq)
+            if dropout_mask is not None:
+                dropout_mask = ops.expand_dims(dropout_mask, 1)  # (B, 1, S)
         scores = self._score(query, projected_keys)  # (B, T, S)
         scores = ops.cast(scores, functional.logits_dtype(value.dtype))
         mask = None
         if value_mask is not None:
             mask = ops.expand_dims(ops.cast(value_mask, "bool"), 1)  # (B,1,S)
         weights = ops.cast(functional.masked_softmax(scores, mask), value.dtype)
-        dropped = invoke(self._dropout_layer, weights, training=training)
+        if dropout_mask is None:
+            dropped = invoke(self._dropout_layer, weights, training=training)
+        else:
+            dropped = weights * ops.cast(dropout_mask, weights.dtype)
         context = functional.attend(dropped, value)  # (B, T, Dv)
         if single_step:
             context = ops.squeeze(context, 1)  # (B, Dv)
@@ -192,6 +213,17 @@ class AttentionMechanism(keras.layers.Layer):
         if return_attention_scores:
             return context, weights
         return context
+
+    def _draw_dropout_mask(self, shape):
+        """A keep-mask of `shape` scaled by `1 / (1 - dropout)`, drawn from
+        the seed generator of the layer's dropout; `None` without dropout.
+        """
+        if not self.dropout:
+            return None
+        ones = ops.ones(shape, dtype=self.compute_dtype)
+        return keras.random.dropout(
+            ones, self.dropout, seed=self._dropout_layer.seed_generator
+        )
 
     def _build_score(self, query_dim, key_dim):
         """Creates the scoring weights; subclasses override."""
