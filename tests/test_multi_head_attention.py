@@ -488,3 +488,69 @@ def test_implicit_mask_equals_explicit_padding_mask():
     np.testing.assert_allclose(implicit, explicit, atol=1e-6)
     unmasked = to_numpy(layer(embed(ids), padding_mask=np.ones_like(ids, bool)))
     assert not np.allclose(implicit[0, :3], unmasked[0, :3])
+
+
+# --- CrossAttention: Keras shapes, arguments, configs ----------------------
+
+
+def test_cross_attention_compute_output_shape():
+    layer = CrossAttention(num_heads=2)
+    assert layer.compute_output_shape((None, T, D), (None, S, 12)) == (
+        None,
+        T,
+        D,
+    )
+    shapes = ((B, T, D), (B, S, 12), (B, S, 10))
+    assert layer.compute_output_shape(*shapes) == (B, T, D)
+    out = layer(data(), data(1, S, 12), key=data(2, S, 10))
+    assert tuple(out.shape) == (B, T, D)
+    with pytest.raises(
+        ValueError, match=r"CrossAttention.*key.shape=\(2, 4, 10\)"
+    ):
+        layer.compute_output_shape((B, T, D), (B, S, 12), (B, 4, 10))
+    with pytest.raises(ValueError, match=r"value.shape=\(2, 12\)"):
+        layer.compute_output_shape((B, T, D), (B, 12))
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [("use_rotary", True), ("use_rotary", False), ("max_wavelength", 500.0)],
+)
+def test_cross_attention_rejects_rotary_arguments(name, value):
+    # Rotary positions from 0 for decoder queries and encoder keys would be
+    # wrong: the layer refuses them as Keras refuses an unknown argument.
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"CrossAttention \(layer 'cross'\): unrecognized keyword "
+            rf"arguments.*'{name}'.*Received: {name}={value}"
+        ),
+    ):
+        CrossAttention(num_heads=2, name="cross", **{name: value})
+
+
+def test_cross_attention_config_holds_only_its_arguments():
+    config = CrossAttention(num_heads=2).get_config()
+    assert "use_rotary" not in config
+    assert "max_wavelength" not in config
+    self_config = MultiHeadSelfAttention(
+        2, use_rotary=True, max_wavelength=500.0
+    ).get_config()
+    assert self_config["use_rotary"] is True
+    assert self_config["max_wavelength"] == 500.0
+
+
+def test_cross_attention_loads_configs_of_earlier_versions():
+    layer = CrossAttention(num_heads=2, key_dim=3, name="cross")
+    old = {**layer.get_config(), "use_rotary": False, "max_wavelength": 1e4}
+    assert CrossAttention.from_config(old).get_config() == layer.get_config()
+    serialized = keras.saving.serialize_keras_object(layer)
+    restored = keras.saving.deserialize_keras_object(
+        {**serialized, "config": old}
+    )
+    assert restored.get_config() == layer.get_config()
+    with pytest.raises(
+        ValueError,
+        match=r"CrossAttention \(layer 'cross'\).*Received: use_rotary=True",
+    ):
+        CrossAttention.from_config({**old, "use_rotary": True})

@@ -333,3 +333,55 @@ def test_decoder_encoder_mismatch_errors():
         with_cross(data())
     with pytest.raises(ValueError, match="keys"):
         with_cross(data(), cache={"selfish": 1}, cache_index=0)
+
+
+# --- Keras shape inference -------------------------------------------------
+
+
+def test_encoder_under_time_distributed_equals_each_slice():
+    rows = 3
+    x = rng(3).normal(size=(B, rows, 4, 8)).astype("float32")  # (B, R, T, D)
+    block = TransformerEncoderBlock(2, 16)
+    inputs = keras.Input((rows, 4, 8))
+    outputs = keras.layers.TimeDistributed(block)(inputs)
+    assert tuple(outputs.shape) == (None, rows, 4, 8)
+    got = to_numpy(keras.Model(inputs, outputs)(x))
+    assert got.shape == x.shape
+    for row in range(rows):
+        np.testing.assert_allclose(
+            got[:, row], to_numpy(block(x[:, row])), atol=1e-5
+        )
+
+
+def test_blocks_in_a_sequential_model_and_its_summary():
+    model = keras.Sequential(
+        [
+            keras.Input((3, 4, 8)),
+            keras.layers.TimeDistributed(TransformerEncoderBlock(2, 16)),
+            keras.layers.TimeDistributed(TransformerDecoderBlock(2, 16)),
+            keras.layers.Dense(5),
+        ]
+    )
+    assert model.output_shape == (None, 3, 4, 5)
+    lines = []
+    model.summary(print_fn=lines.append)
+    assert "(None, 3, 4, 8)" in "\n".join(lines)
+
+
+def test_blocks_compute_output_shape():
+    encoder = TransformerEncoderBlock(2, 16)
+    decoder = TransformerDecoderBlock(2, 16)
+    assert encoder.compute_output_shape((None, 4, 8)) == (None, 4, 8)
+    assert decoder.compute_output_shape((None, 4, 8)) == (None, 4, 8)
+    assert decoder.compute_output_shape((B, T, D), (B, S, 6)) == (B, T, D)
+    source = rng(1).normal(size=(B, S, 6)).astype("float32")
+    assert tuple(decoder(data(), source).shape) == (B, T, D)
+    with pytest.raises(
+        ValueError, match=r"TransformerEncoderBlock.*inputs.shape=\(2, 8\)"
+    ):
+        encoder.compute_output_shape((2, 8))
+    with pytest.raises(
+        ValueError,
+        match=r"TransformerDecoderBlock.*encoder_outputs.shape=\(3, 5, 6\)",
+    ):
+        decoder.compute_output_shape((B, T, D), (3, S, 6))

@@ -12,6 +12,9 @@ from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.multi_head_core import MultiHeadCore
 
+# Arguments of the shared core that only self-attention accepts.
+_ROTARY_ARGUMENTS = ("use_rotary", "max_wavelength")
+
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class CrossAttention(MultiHeadCore):
@@ -27,6 +30,11 @@ class CrossAttention(MultiHeadCore):
     The output has the query's model dim. Keys and values do not depend on
     the queries, so a decoder computes them once per source with
     `compute_cache` and passes the result as `cache` at every step.
+
+    There is no rotary position embedding (`use_rotary` of
+    `MultiHeadSelfAttention`): queries and keys come from different
+    sequences, whose positions do not correspond. Passing `use_rotary` or
+    `max_wavelength` raises a `ValueError`.
 
     Args:
         num_heads: int. Number of query heads N.
@@ -84,6 +92,7 @@ class CrossAttention(MultiHeadCore):
         bias_initializer="zeros",
         **kwargs,
     ):
+        rotary = {k: kwargs.pop(k) for k in _ROTARY_ARGUMENTS if k in kwargs}
         super().__init__(
             num_heads=num_heads,
             key_dim=key_dim,
@@ -95,6 +104,16 @@ class CrossAttention(MultiHeadCore):
             bias_initializer=bias_initializer,
             **kwargs,
         )
+        if rotary:
+            # The base class takes them for self-attention; here they would
+            # rotate decoder queries and encoder keys by positions that do
+            # not correspond.
+            raise ValueError(
+                f"{self._where()}: unrecognized keyword arguments passed to "
+                f"CrossAttention: {rotary}. Rotary position embedding is "
+                "for self-attention only. Received: "
+                + ", ".join(f"{k}={v!r}" for k, v in rotary.items())
+            )
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
@@ -151,6 +170,14 @@ class CrossAttention(MultiHeadCore):
             return outputs, scores
         return outputs
 
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        self._check_input_shapes(query_shape, key_shape, value_shape)
+        checks.check_batch_and_length(
+            self._where(), query_shape, value_shape, key_shape
+        )
+        return tuple(query_shape)
+
     def compute_output_spec(
         self,
         query,
@@ -173,6 +200,27 @@ class CrossAttention(MultiHeadCore):
             dtype=self.compute_dtype,
         )
         return outputs, scores
+
+    def get_config(self):
+        config = super().get_config()
+        for name in _ROTARY_ARGUMENTS:
+            del config[name]
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        # Configs saved by earlier versions hold the core's rotary
+        # arguments (`use_rotary=False`, `max_wavelength`).
+        config = dict(config)
+        if config.pop("use_rotary", False):
+            raise ValueError(
+                f"CrossAttention (layer '{config.get('name')}'): this config "
+                "asks for rotary position embedding, which CrossAttention "
+                "does not support (it is for self-attention only). "
+                "Received: use_rotary=True"
+            )
+        config.pop("max_wavelength", None)
+        return super().from_config(config)
 
     def compute_cache(self, value, key=None):
         """Projected keys and values of a source, computed once.

@@ -112,16 +112,7 @@ class MultiHeadCore(keras.layers.Layer):
         `name` is the argument error messages name for all three (a
         self-attention layer's single `inputs`).
         """
-        for arg, shape in (
-            (name or "query", query_shape),
-            (name or "value", value_shape),
-            (name or "key", key_shape),
-        ):
-            if len(shape) != 3 or shape[-1] is None:
-                raise ValueError(
-                    f"{self._where()}: `{arg}` must be (B, T, D) with a "
-                    f"known D. Received: {arg}.shape={tuple(shape)}"
-                )
+        self._check_input_shapes(query_shape, key_shape, value_shape, name)
         model_dim = query_shape[-1]
         if self.key_dim is None and model_dim % self.num_heads:
             raise ValueError(
@@ -164,6 +155,21 @@ class MultiHeadCore(keras.layers.Layer):
         self.attention_dropout = keras.layers.Dropout(
             self.dropout, dtype=self.dtype_policy, name="attention_dropout"
         )
+
+    def _check_input_shapes(
+        self, query_shape, key_shape, value_shape, name=None
+    ):
+        """Each input is `(B, T, D)` with a known D (see `_build_heads`)."""
+        for arg, shape in (
+            (name or "query", query_shape),
+            (name or "value", value_shape),
+            (name or "key", key_shape),
+        ):
+            if len(shape) != 3 or shape[-1] is None:
+                raise ValueError(
+                    f"{self._where()}: `{arg}` must be (B, T, D) with a "
+                    f"known D. Received: {arg}.shape={tuple(shape)}"
+                )
 
     def _einsum(self, equation, output_shape, bias_axes, name, input_shape):
         layer = keras.layers.EinsumDense(

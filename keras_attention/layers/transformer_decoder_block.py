@@ -185,6 +185,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
             outputs = (*outputs, new_cache)
         return outputs[0] if len(outputs) == 1 else outputs
 
+    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
+        self._check_inputs_shape(inputs_shape)
+        if encoder_outputs_shape is not None:
+            self._check_encoder_shape(inputs_shape, encoder_outputs_shape)
+        return tuple(inputs_shape)
+
     def compute_output_spec(
         self,
         inputs,

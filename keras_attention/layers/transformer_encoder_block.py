@@ -109,6 +109,10 @@ class TransformerEncoderBlock(TransformerBlockBase):
             return x, scores
         return x
 
+    def compute_output_shape(self, inputs_shape):
+        self._check_inputs_shape(inputs_shape)
+        return tuple(inputs_shape)
+
     def compute_output_spec(
         self,
         inputs,
