@@ -253,6 +253,9 @@ def additive_score(query, key, kernel, bias=None):
         >>> print(np.round(keras.ops.convert_to_numpy(s), 4))  # 2 tanh(1)
         [[[0.     1.5232]]]
     """
+    # One dtype for all three (Keras's PyTorch matmul returns float32 for
+    # float64 inputs, so projections may come back in another float).
+    query, key = ops.cast(query, kernel.dtype), ops.cast(key, kernel.dtype)
     hidden = ops.expand_dims(query, 2) + ops.expand_dims(key, 1)  # (B,T,S,U)
     if bias is not None:
         hidden = hidden + bias

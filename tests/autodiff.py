@@ -21,18 +21,21 @@ def float64_context():
     return contextlib.nullcontext()
 
 
-def value_and_grads(fn, inputs, variables=(), seed=0):
+def value_and_grads(fn, inputs, variables=(), seed=0, copies=1):
     """Outputs of `fn(*inputs)` and the gradients of `Σ c · outputs`.
 
     `c` are fixed random cotangents (a plain sum would hide errors that
     cancel across a softmax row). `inputs` are NumPy arrays; `variables`
     Keras variables. Returns `(outputs, input_grads, variable_grads)` as
     float64 NumPy arrays; a gradient the backend does not deliver is
-    `None`.
+    `None`. With `copies=n` the outputs are `n` copies of one computation
+    (several paths in one program), and each copy gets the cotangents a
+    single computation would get.
     """
     shapes = [tuple(o.shape) for o in keras.tree.flatten(_shapes(fn, inputs))]
+    single = cotangents(shapes[: len(shapes) // copies], seed)
     outputs, grads = _BACKENDS[BACKEND](
-        fn, inputs, list(variables), cotangents(shapes, seed)
+        fn, inputs, list(variables), single * copies
     )
     as_numpy = [None if g is None else _numpy(g) for g in grads]
     return (

@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 from keras import ops
 
+import keras_attention as ka
 from keras_attention import _kernels
 from keras_attention import functional as F
 from tests.autodiff import assert_close
 from tests.autodiff import cotangents
+from tests.autodiff import float64_context
 from tests.autodiff import np_sdpa_grads
 from tests.autodiff import value_and_grads
 from tests.helpers import rng
@@ -166,3 +168,400 @@ def test_force_rejects_an_unknown_path():
         _kernels.force("flash"),
     ):
         pass
+
+
+# --- layers ----------------------------------------------------------------
+#
+# A case is a layer, its float inputs (differentiated) and constant masks,
+# and how it is called. Each path runs on its own copy of the layer (same
+# weights), all paths of a case in one differentiated program; the
+# reference is the layer's reference path in float64.
+
+B, T, S, D = 2, 5, 4, 8
+
+
+def _padding(length, visible_first):
+    """`(B, length)`: example 0 sees its first `visible_first` positions."""
+    return np.arange(length)[None, :] < np.array([[visible_first], [length]])
+
+
+def _attention_mask():
+    """`(B, T, T)` causal, with a query of example 1 that sees no key."""
+    mask = np.broadcast_to(np.tril(np.ones((T, T), bool)), (B, T, T)).copy()
+    mask[1, 2] = False
+    return mask
+
+
+def _self_attention_steps(layer, x, masks, cache_shape):
+    """The cached path: one token at a time through a KV cache."""
+    cache = ops.zeros(cache_shape, x.dtype)
+    outputs = []
+    for t in range(T):
+        out, cache = layer(
+            x[:, t : t + 1],
+            padding_mask=masks.get("padding_mask"),
+            use_causal_mask=True,
+            cache=cache,
+            cache_index=t,
+            training=True,
+        )
+        outputs.append(out)
+    return ops.concatenate(outputs, axis=1)
+
+
+def _decoder_steps(layer, x, enc, masks):
+    cache = layer.init_cache(B, T, encoder_outputs=enc, dtype=x.dtype)
+    outputs = []
+    for t in range(T):
+        out, cache = layer(
+            x[:, t : t + 1],
+            padding_mask=masks.get("padding_mask"),
+            encoder_padding_mask=masks.get("encoder_padding_mask"),
+            cache=cache,
+            cache_index=t,
+            training=True,
+        )
+        outputs.append(out)
+    return ops.concatenate(outputs, axis=1)
+
+
+def _rnn_steps(layer, targets, encoded, masks):
+    mask = masks.get("encoder_padding_mask")
+    state = layer.get_initial_state(encoded, mask)
+    outputs = []
+    for t in range(T):
+        out, state, _ = layer.step(
+            targets[:, t], state, encoded, mask, training=True
+        )
+        outputs.append(out)
+    return ops.stack(outputs, axis=1)
+
+
+def _mhsa(**kwargs):
+    return lambda dtype: ka.MultiHeadSelfAttention(dtype=dtype, **kwargs)
+
+
+LAYER_CASES = {
+    "MultiHeadSelfAttention causal+padding": dict(
+        make=_mhsa(num_heads=2),
+        shapes=[(B, T, D)],
+        masks={"padding_mask": _padding(T, 3)},
+        call=lambda layer, x, masks, training: layer(
+            x, use_causal_mask=True, training=training, **masks
+        ),
+        kernels=True,
+        steps=lambda layer, x, masks: _self_attention_steps(
+            layer, x, masks, (B, 2, T, 2, D // 2)
+        ),
+    ),
+    "MultiHeadSelfAttention gqa+rotary": dict(
+        make=_mhsa(
+            num_heads=4, key_dim=4, num_key_value_heads=2, use_rotary=True
+        ),
+        shapes=[(B, T, D)],
+        masks={"attention_mask": _attention_mask()},
+        call=lambda layer, x, masks, training: layer(
+            x, training=training, **masks
+        ),
+        kernels=True,
+    ),
+    "MultiHeadSelfAttention gqa+rotary causal": dict(
+        make=_mhsa(
+            num_heads=4, key_dim=4, num_key_value_heads=2, use_rotary=True
+        ),
+        shapes=[(B, T, D)],
+        masks={},
+        call=lambda layer, x, masks, training: layer(
+            x, use_causal_mask=True, training=training
+        ),
+        kernels=True,
+        steps=lambda layer, x, masks: _self_attention_steps(
+            layer, x, masks, (B, 2, T, 2, 4)
+        ),
+    ),
+    "CrossAttention value_mask": dict(
+        make=lambda dtype: ka.CrossAttention(2, dtype=dtype),
+        shapes=[(B, T, D), (B, S, 6)],
+        masks={"value_mask": np.array([[1, 1, 0, 0], [0, 0, 0, 0]], bool)},
+        call=lambda layer, q, v, masks, training: layer(
+            q, v, training=training, **masks
+        ),
+        kernels=True,
+    ),
+    "CrossAttention gqa key": dict(
+        make=lambda dtype: ka.CrossAttention(
+            4, key_dim=4, num_key_value_heads=2, dtype=dtype
+        ),
+        shapes=[(B, T, D), (B, S, 6), (B, S, 5)],
+        masks={},
+        call=lambda layer, q, v, k, masks, training: layer(
+            q, v, key=k, training=training
+        ),
+        kernels=True,
+    ),
+    "TransformerEncoderBlock post-LN": dict(
+        make=lambda dtype: ka.TransformerEncoderBlock(2, 16, dtype=dtype),
+        shapes=[(B, T, D)],
+        masks={"padding_mask": _padding(T, 3)},
+        call=lambda layer, x, masks, training: layer(
+            x, training=training, **masks
+        ),
+        kernels=True,
+    ),
+    "TransformerEncoderBlock pre-LN gqa": dict(
+        make=lambda dtype: ka.TransformerEncoderBlock(
+            4,
+            16,
+            key_dim=4,
+            num_key_value_heads=2,
+            normalize_first=True,
+            dtype=dtype,
+        ),
+        shapes=[(B, T, D)],
+        masks={"attention_mask": _attention_mask()},
+        call=lambda layer, x, masks, training: layer(
+            x, training=training, **masks
+        ),
+        kernels=True,
+    ),
+    "TransformerDecoderBlock encoder": dict(
+        make=lambda dtype: ka.TransformerDecoderBlock(2, 16, dtype=dtype),
+        shapes=[(B, T, D), (B, S, D)],
+        masks={
+            "padding_mask": _padding(T, 4),
+            "encoder_padding_mask": _padding(S, 2),
+        },
+        call=lambda layer, x, enc, masks, training: layer(
+            x, enc, training=training, **masks
+        ),
+        kernels=True,
+        steps=_decoder_steps,
+    ),
+    "TransformerDecoderBlock decoder-only": dict(
+        make=lambda dtype: ka.TransformerDecoderBlock(
+            4,
+            16,
+            key_dim=4,
+            num_key_value_heads=2,
+            use_rotary=True,
+            normalize_first=True,
+            dtype=dtype,
+        ),
+        shapes=[(B, T, D)],
+        masks={},
+        call=lambda layer, x, masks, training: layer(x, training=training),
+        kernels=True,
+        steps=lambda layer, x, masks: _decoder_steps(layer, x, None, masks),
+    ),
+}
+for _name, _make, _shape in (
+    ("BahdanauAttention", lambda d: ka.BahdanauAttention(5, dtype=d), 3),
+    (
+        "BahdanauAttention normalize",
+        lambda d: ka.BahdanauAttention(5, normalize=True, dtype=d),
+        2,
+    ),
+    (
+        "LuongAttention dot",
+        lambda d: ka.LuongAttention("dot", scale=True, dtype=d),
+        3,
+    ),
+    ("LuongAttention general", lambda d: ka.LuongAttention(dtype=d), 3),
+    (
+        "LuongAttention concat",
+        lambda d: ka.LuongAttention("concat", units=5, dtype=d),
+        2,
+    ),
+):
+    LAYER_CASES[_name] = dict(
+        make=_make,
+        shapes=[(B, T, 6) if _shape == 3 else (B, 6), (B, S, 6), (B, S, 6)],
+        masks={"value_mask": np.array([[1, 1, 0, 0], [0, 0, 0, 0]], bool)},
+        call=lambda layer, q, v, k, masks, training: layer(
+            q, v, key=k, training=training, **masks
+        ),
+        kernels=False,
+    )
+for _name, _cell, _attention in (
+    ("AttentionDecoder bahdanau flow", "GRUCell", "BahdanauAttention"),
+    ("AttentionDecoder luong flow", "LSTMCell", "LuongAttention"),
+):
+    LAYER_CASES[_name] = dict(
+        make=lambda d, c=_cell, a=_attention: ka.AttentionDecoder(
+            getattr(keras.layers, c)(6, dtype=d),
+            getattr(ka, a)(dtype=d)
+            if a == "LuongAttention"
+            else getattr(ka, a)(5, dtype=d),
+            dtype=d,
+        ),
+        shapes=[(B, T, 3), (B, S, 6)],
+        masks={"encoder_padding_mask": _padding(S, 2)},
+        call=lambda layer, x, enc, masks, training: layer(
+            x, enc, training=training, **masks
+        ),
+        kernels=False,
+        steps=_rnn_steps,
+    )
+
+
+def layer_paths(case):
+    paths = ["reference", "inference", "symbolic"]
+    if case["kernels"]:
+        paths += ["chunked", "fused"]
+    if "steps" in case:
+        paths.append("steps")
+    return paths
+
+
+def build_copy(case, dtype, inputs, weights=None):
+    """A built layer of the case in `dtype`, with `weights` if given."""
+    layer = case["make"](dtype)
+    case["call"](layer, *inputs, case["masks"], False)
+    if weights is not None:
+        layer.set_weights(weights)
+    return layer
+
+
+def path_function(case, path, layer, inputs):
+    """`fn(*inputs)` running the layer on `path`."""
+    masks = case["masks"]
+    if path == "symbolic":
+        symbolic = [keras.Input(x.shape[1:]) for x in inputs]
+        model = keras.Model(
+            symbolic, case["call"](layer, *symbolic, masks, True)
+        )
+        return lambda *xs: model([*map(ops.convert_to_tensor, xs)])
+    if path == "steps":
+        return lambda *xs: case["steps"](layer, *xs, masks)
+    training = path != "inference"
+
+    def fn(*xs):
+        with path_context("reference" if path == "inference" else path):
+            return case["call"](layer, *xs, masks, training)
+
+    return fn
+
+
+def float64_reference(case, inputs, weights):
+    with float64_context():
+        layer = build_copy(case, "float64", inputs, weights)
+        fn = path_function(case, "reference", layer, inputs)
+        return value_and_grads(fn, inputs, layer.trainable_weights)
+
+
+@pytest.mark.parametrize("name", tuple(LAYER_CASES))
+def test_layer_paths_equal_float64_reference(name):
+    """Every path of the layer: the outputs and the gradients of every
+    input and every trainable weight equal the float64 reference path."""
+    case = LAYER_CASES[name]
+    generator = rng(1)
+    inputs = [
+        generator.standard_normal(shape).astype("float32")
+        for shape in case["shapes"]
+    ]
+    base = build_copy(case, "float32", inputs)
+    weights = base.get_weights()
+    ref_out, ref_in, ref_w = float64_reference(case, inputs, weights)
+    paths = layer_paths(case)
+    copies = [build_copy(case, "float32", inputs, weights) for _ in paths]
+    fns = [
+        path_function(case, path, layer, inputs)
+        for path, layer in zip(paths, copies, strict=True)
+    ]
+    n = len(inputs)
+
+    def every_path(*xs):
+        return [fn(*xs[i * n : (i + 1) * n]) for i, fn in enumerate(fns)]
+
+    variables = [w for layer in copies for w in layer.trainable_weights]
+    outputs, input_grads, weight_grads = value_and_grads(
+        every_path, inputs * len(paths), variables, copies=len(paths)
+    )
+    names = [f"input {i}" for i in range(n)] + [
+        w.path for w in base.trainable_weights
+    ]
+    per_copy = len(base.trainable_weights)
+    assert per_copy == len(ref_w) and per_copy > 0 or name.startswith("Luong")
+    for i, path in enumerate(paths):
+        grads = (
+            input_grads[i * n : (i + 1) * n]
+            + weight_grads[i * per_copy : (i + 1) * per_copy]
+        )
+        assert_close(
+            f"layer {path}",
+            "float32",
+            [outputs[i]],
+            grads,
+            ref_out,
+            ref_in + ref_w,
+            names,
+        )
+
+
+def test_layer_past_the_length_threshold():
+    """A self-attention layer at 520 positions on the path the dispatch
+    picks (chunked on TensorFlow and JAX on CPU): every weight's gradient
+    equals the float64 reference's."""
+    length = _kernels.CHUNKED_MIN_LENGTH + 8
+    case = dict(
+        LAYER_CASES["MultiHeadSelfAttention causal+padding"],
+        masks={"padding_mask": np.arange(length)[None, :] < 500},
+    )
+    x = rng(3).standard_normal((1, length, D)).astype("float32")
+    base = build_copy(case, "float32", [x])
+    ref_out, ref_in, ref_w = float64_reference(case, [x], base.get_weights())
+    fn = path_function(case, "auto", base, [x])
+    outputs, input_grads, weight_grads = value_and_grads(
+        fn, [x], base.trainable_weights
+    )
+    assert_close(
+        f"layer auto T={length}",
+        "float32",
+        outputs,
+        input_grads + weight_grads,
+        ref_out,
+        ref_in + ref_w,
+        ["input"] + [w.path for w in base.trainable_weights],
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "MultiHeadSelfAttention causal+padding",
+        "CrossAttention value_mask",
+        "TransformerDecoderBlock encoder",
+        "BahdanauAttention",
+        "AttentionDecoder luong flow",
+    ],
+)
+def test_mixed_precision_layer_equals_float64_reference(name, dtype):
+    """Under a mixed policy (half compute, float32 weights) on the
+    automatic path: outputs and every gradient near the float64 ones."""
+    case = LAYER_CASES[name]
+    generator = rng(2)
+    inputs = [
+        generator.standard_normal(shape).astype("float32")
+        for shape in case["shapes"]
+    ]
+    base = build_copy(case, "float32", inputs)
+    weights = base.get_weights()
+    ref_out, ref_in, ref_w = float64_reference(case, inputs, weights)
+    layer = build_copy(case, f"mixed_{dtype}", inputs, weights)
+    fn = path_function(case, "auto", layer, inputs)
+    outputs, input_grads, weight_grads = value_and_grads(
+        fn, inputs, layer.trainable_weights
+    )
+    names = [f"input {i}" for i in range(len(inputs))] + [
+        w.path for w in layer.trainable_weights
+    ]
+    assert_close(
+        "layer auto (mixed precision)",
+        dtype,
+        outputs,
+        input_grads + weight_grads,
+        ref_out,
+        ref_in + ref_w,
+        names,
+    )

@@ -26,6 +26,29 @@ def update_kv_cache(cache, key, value, index):
         update = ops.stack([key, value], axis=1)  # (B, 2, T, K, H)
         cache = ops.slice_update(cache, (0, 0, index, 0, 0), update)
         return cache, cache[:, 0], cache[:, 1]
-    keys = ops.slice_update(cache[:, 0], (0, index, 0, 0), key)
-    values = ops.slice_update(cache[:, 1], (0, index, 0, 0), value)
+    keys = _slice_update(cache[:, 0], (0, index, 0, 0), key)
+    values = _slice_update(cache[:, 1], (0, index, 0, 0), value)
     return ops.stack([keys, values], axis=1), keys, values
+
+
+def _slice_update(tensor, start, update):
+    """`ops.slice_update`, differentiable on TensorFlow too: its XLA
+    `DynamicUpdateSlice` op has no registered gradient there."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.slice_update(tensor, start, update)
+    import tensorflow as tf
+
+    begin = tf.stack([tf.cast(i, "int32") for i in start])
+
+    @tf.custom_gradient
+    def updated(tensor, update):
+        def grad(upstream):
+            into_update = tf.slice(upstream, begin, tf.shape(update))
+            into_tensor = ops.slice_update(
+                upstream, start, tf.zeros_like(update)
+            )
+            return into_tensor, into_update
+
+        return ops.slice_update(tensor, start, update), grad
+
+    return updated(tensor, update)
