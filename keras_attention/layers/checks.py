@@ -40,7 +40,8 @@ def check_index_range(where, name, index, length, limit, what):
     positions and `limit` (`what` says what the limit is). A traced index
     cannot be checked: it is clipped to `[0, limit - length]`, so that
     the last positions are used, the same on every backend (as XLA's
-    `dynamic_update_slice` clips). Returns the index to use.
+    `dynamic_update_slice` clips). Returns the index to use: a Python
+    int when it is known.
     """
     value = static_int(index)
     if limit is None:
@@ -51,7 +52,7 @@ def check_index_range(where, name, index, length, limit, what):
                 f"{where}: positions {value}..{value + length - 1} do not "
                 f"fit {what} ({limit} positions). Received: {name}={value}"
             )
-        return index
+        return value
     if length is None:
         return index
     return ops.clip(index, 0, max(limit - length, 0))
