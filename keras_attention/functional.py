@@ -173,8 +173,9 @@ def padding_to_attention_mask(padding_mask, query_length=None):
     mask = ops.expand_dims(ops.cast(padding_mask, "bool"), 1)  # (B, 1, S)
     if query_length is None:
         return mask
-    batch, key_length = ops.shape(mask)[0], ops.shape(mask)[2]
-    return ops.broadcast_to(mask, (batch, query_length, key_length))
+    # Broadcast by a logical and: the batch size may be unknown here.
+    rows = ops.ones((1, query_length, 1), "bool")  # (1, T, 1)
+    return ops.logical_and(mask, rows)  # (B, T, S)
 
 
 def masked_softmax(logits, mask=None, axis=-1):
@@ -287,9 +288,10 @@ def scaled_dot_product_attention(
 
     Without `return_attention_scores` the computation takes the fastest
     exact path the backend has: PyTorch's fused kernel (and cuDNN's on a
-    JAX GPU), or for queries of 512 positions or more on TensorFlow and
-    JAX on CPU, chunks of 256 queries recomputed in the backward pass, so
-    memory grows with the sequence length, not its square. Every path
+    JAX GPU), or, on TensorFlow and JAX on CPU for 512 queries or more
+    and 256 keys or more, chunks of 256 queries recomputed in the backward
+    pass, so that memory grows with the sequence length, not its square.
+    Every path
     gives the same outputs and gradients; the weights, when asked for,
     come from the reference computation. On `keras.Input` tensors the
     function builds an operation of a functional model.
@@ -373,13 +375,16 @@ def _reference(
     return (output, weights) if with_weights else output
 
 
+@keras.saving.register_keras_serializable(
+    package="keras_attention", name="ScaledDotProductAttention"
+)
 class _Attention(keras.Operation):
     """`scaled_dot_product_attention` as an operation of a functional
     model: traced on `keras.Input` by its output spec, run on the path the
     dispatch picks when the model is called."""
 
-    def __init__(self, is_causal, scale, return_attention_scores):
-        super().__init__(name="scaled_dot_product_attention")
+    def __init__(self, is_causal, scale, return_attention_scores, name=None):
+        super().__init__(name=name)
         self.is_causal = is_causal
         self.scale = scale
         self.return_attention_scores = return_attention_scores
@@ -397,18 +402,27 @@ class _Attention(keras.Operation):
 
     def compute_output_spec(self, query, key, value, mask=None):
         _check_inputs(query, key, value, mask)
-        dtype = keras.backend.standardize_dtype(query.dtype)
         output = keras.KerasTensor(
-            (*query.shape[:-1], value.shape[-1]), dtype=dtype
+            (*query.shape[:-1], value.shape[-1]),
+            dtype=keras.backend.standardize_dtype(value.dtype),
         )
         if not self.return_attention_scores:
             return output
         batch, query_length = query.shape[0], query.shape[1]
         heads = () if len(query.shape) == 3 else (query.shape[2],)
         weights = keras.KerasTensor(
-            (batch, *heads, query_length, key.shape[1]), dtype=dtype
+            (batch, *heads, query_length, key.shape[1]),
+            dtype=keras.backend.standardize_dtype(query.dtype),
         )
         return output, weights
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "is_causal": self.is_causal,
+            "scale": self.scale,
+            "return_attention_scores": self.return_attention_scores,
+        }
 
 
 def _any_symbolic(*tensors) -> bool:

@@ -8,7 +8,19 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _kernels
 from tests.helpers import BACKEND
+
+KERNEL_PATHS = tuple(_kernels.PATHS)  # reference, chunked, fused
+SMALL_CHUNK = 3  # several chunks, the last one partial, at short lengths
+
+
+def path_context(path):
+    """Forces a kernel path; `auto` and `symbolic` use the dispatch."""
+    if path in KERNEL_PATHS:
+        chunk = SMALL_CHUNK if path == "chunked" else None
+        return _kernels.force(path, chunk_size=chunk)
+    return contextlib.nullcontext()
 
 
 def float64_context():

@@ -116,3 +116,19 @@ def test_static_int_reads_every_known_form():
     assert runtime.static_int(None) is None
     assert runtime.static_int(True) is None
     assert runtime.static_int(keras.KerasTensor((), "int32")) is None
+
+
+def test_variable_index_is_read_like_a_tensor():
+    layer = ka.PositionEmbedding(6)
+    index = keras.Variable(9, dtype="int32", trainable=False)
+    with pytest.raises(ValueError, match="start_index=9"):
+        layer(np.zeros((B, 2, D), "float32"), start_index=index)
+    assert runtime.static_int(index) == 9
+
+
+def test_more_tokens_than_the_cache_are_refused_whatever_the_index(
+    attention,
+):
+    cache = np.zeros((B, 2, 2, 2, D // 2), "float32")
+    with pytest.raises(ValueError, match="3 positions do not fit"):
+        attention(np.ones((B, 3, D), "float32"), cache=cache, cache_index=0)

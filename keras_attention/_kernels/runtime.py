@@ -43,9 +43,11 @@ def programs_take_variables() -> bool:
 def static_int(value):
     """The value of an integer scalar if it is known now, else `None`.
 
-    Python and NumPy integers, 0-d arrays and concrete (eager) backend
-    tensors have a value; a tensor being traced (`jax.jit`, a
-    `tf.function` graph) or a `KerasTensor` has none.
+    Python and NumPy integers, 0-d arrays, variables and concrete (eager)
+    tensors in host memory have a value. A tensor being traced
+    (`jax.jit`, a `tf.function` graph), a `KerasTensor` and a tensor on an
+    accelerator have none: reading the last back would synchronise the
+    device at every decoding step.
     """
     if value is None or isinstance(value, (bool, np.bool_)):
         return None
@@ -55,16 +57,24 @@ def static_int(value):
         return int(value) if value.ndim == 0 else None
     if isinstance(value, keras.KerasTensor) or len(value.shape) != 0:
         return None
+    if isinstance(value, keras.Variable):
+        value = value.value
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
         if isinstance(value, jax.core.Tracer):
             return None
+        if any(device.platform != "cpu" for device in value.devices()):
+            return None
         return int(value)
     if backend == "tensorflow":
         import tensorflow as tf
 
+        if tf.executing_eagerly():
+            return int(value.numpy())
         known = tf.get_static_value(value)
         return None if known is None else int(known)
+    if value.device.type != "cpu":
+        return None
     return int(value.item())

@@ -38,14 +38,19 @@ def check_index_range(where, name, index, length, limit, what):
 
     A known index out of range raises a `ValueError` naming `name`, the
     positions and `limit` (`what` says what the limit is). A traced index
-    cannot be checked: it is clipped to `[0, limit - length]`, so that
-    the last positions are used, the same on every backend (as XLA's
-    `dynamic_update_slice` clips). Returns the index to use: a Python
-    int when it is known.
+    (or one on an accelerator, see `static_int`) is not checked: it is
+    clipped to `[0, limit - length]`, so that the last positions are used,
+    the same on every backend (as XLA's `dynamic_update_slice` clips).
+    Returns the index to use: a Python int when it is known.
     """
     value = static_int(index)
     if limit is None:
         return index
+    if length is not None and length > limit:
+        raise ValueError(
+            f"{where}: {length} positions do not fit {what} ({limit} "
+            f"positions) at any index. Received: {name}={index}"
+        )
     if value is not None:
         if length is not None and not 0 <= value <= limit - length:
             raise ValueError(

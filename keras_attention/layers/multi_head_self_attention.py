@@ -68,9 +68,10 @@ class MultiHeadSelfAttention(MultiHeadCore):
         cache: tensor `(B, 2, S_max, K, H)`: keys `[:, 0]` and values
             `[:, 1]` of the previous steps. Needs `key_dim == value_dim`.
         cache_index: int or scalar int tensor. Position of the first token
-            of `inputs` in the cache. A known index whose tokens do not fit
-            the cache raises a `ValueError`; a traced one (inside a
-            compiled function) is clipped so that they fit.
+            of `inputs` in the cache. An index whose tokens do not fit the
+            cache raises a `ValueError` when its value is known (an int, a
+            NumPy or host tensor); one that is traced (inside a compiled
+            function) or on an accelerator is clipped so that they fit.
         training: bool. Whether dropout is active.
         mask, inputs_mask: the implicit Keras mask of `inputs`, filled in by
             Keras; not passed by hand.
@@ -157,6 +158,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
         return outputs
 
     def compute_output_shape(self, inputs_shape):
+        self._check_input_shapes(
+            inputs_shape, inputs_shape, inputs_shape, name="inputs"
+        )
         return tuple(inputs_shape)
 
     def compute_output_spec(

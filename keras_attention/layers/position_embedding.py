@@ -29,8 +29,9 @@ class PositionEmbedding(keras.layers.Layer):
         start_index: int or scalar int tensor. The position of the first
             step, for incremental decoding. Defaults to `0`;
             `start_index + T` must not exceed `max_length` (a
-            `ValueError` when the index is known; a traced index, inside a
-            compiled function, is clipped to `max_length - T`).
+            `ValueError` when the index is known; one that is traced,
+            inside a compiled function, or on an accelerator is clipped to
+            `max_length - T`).
 
     Returns:
         `inputs + E[start_index : start_index + T]`, shape `(B, T, D)`.

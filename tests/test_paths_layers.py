@@ -1,17 +1,15 @@
-"""Every path gives the reference's outputs and gradients.
+"""Every path of every layer gives its reference's outputs and gradients.
 
-The paths of `scaled_dot_product_attention` (`reference`, `chunked`,
-`fused`, each forced through `_kernels.force` on every backend, the
-automatic choice on both sides of the length threshold, and the symbolic
-path of a functional model) are checked against a float64 NumPy reference
-for the outputs and the gradients of the query, key and value. The layers'
-paths (forced kernels, the inference shortcut, the KV-cache step, the
-symbolic call) are checked against the layer's reference path in float64
-on the gradients of every input and every trainable weight. Gradients are
-taken with the backend's own autodiff.
+Each path (the forced kernels `reference`, `chunked` and `fused`, the
+inference shortcut that calls sublayers directly, the symbolic call in a
+functional model, the KV-cache or step-by-step path) runs on its own copy
+of the layer (same weights), all paths of a case in one differentiated
+program. The outputs and the gradients of every input and every
+trainable weight must equal the layer's reference path computed in
+float64, in float32 and under mixed float16 / bfloat16 policies.
+`scaled_dot_product_attention` itself is checked against NumPy in
+`test_paths_functional.py`.
 """
-
-import contextlib
 
 import keras
 import numpy as np
@@ -20,158 +18,12 @@ from keras import ops
 
 import keras_attention as ka
 from keras_attention import _kernels
-from keras_attention import functional as F
 from tests.autodiff import assert_close
-from tests.autodiff import cotangents
 from tests.autodiff import float64_context
-from tests.autodiff import np_sdpa_grads
+from tests.autodiff import path_context
 from tests.autodiff import value_and_grads
 from tests.helpers import rng
 
-KERNEL_PATHS = tuple(_kernels.PATHS)  # reference, chunked, fused
-SMALL_CHUNK = 3  # several chunks, the last one partial, at short lengths
-
-SDPA_LAYOUTS = {  # query shape, key shape, value dim
-    "3d": ((2, 7, 4), (2, 6, 4), 3),
-    "4d": ((2, 7, 2, 4), (2, 6, 2, 4), 3),
-    "gqa": ((2, 7, 4, 4), (2, 6, 2, 4), 3),
-}
-MASKS = ("none", "padding", "causal", "padding+causal")
-DTYPES = ("float32", "float16", "bfloat16")
-
-
-def path_context(path):
-    """Forces a kernel path; `auto` and `symbolic` use the dispatch."""
-    if path in KERNEL_PATHS:
-        chunk = SMALL_CHUNK if path == "chunked" else None
-        return _kernels.force(path, chunk_size=chunk)
-    return contextlib.nullcontext()
-
-
-def sdpa_inputs(layout, mask_kind, length=None, key_length=None, seed=0):
-    q_shape, k_shape, value_dim = SDPA_LAYOUTS[layout]
-    if length is not None:
-        q_shape = (q_shape[0], length, *q_shape[2:])
-        k_shape = (k_shape[0], key_length, *k_shape[2:])
-    generator = rng(seed)
-    q = generator.standard_normal(q_shape).astype("float32")
-    k = generator.standard_normal(k_shape).astype("float32")
-    v = generator.standard_normal((*k_shape[:-1], value_dim)).astype("float32")
-    mask = None
-    batch, t, s = q_shape[0], q_shape[1], k_shape[1]
-    if "padding" in mask_kind:
-        visible = np.array([s - 2, s])  # example 0 has two padded keys
-        mask = np.arange(s)[None, None, :] < visible[:, None, None]
-        mask = np.broadcast_to(mask, (batch, t, s)).copy()
-        mask[1, 2] = False  # a query that sees no key
-    return q, k, v, mask, "causal" in mask_kind
-
-
-def sdpa_function(path, dtype, mask, causal, shapes):
-    """`fn(q, k, v)` computing attention in `dtype` on `path`."""
-    if path == "symbolic":
-        inputs = [keras.Input(shape[1:]) for shape in shapes]
-        mask_input = None
-        if mask is not None:
-            mask_input = keras.Input(mask.shape[1:], dtype="bool")
-        cast = [ops.cast(x, dtype) for x in inputs]
-        out = F.scaled_dot_product_attention(
-            *cast, mask=mask_input, is_causal=causal
-        )
-        model = keras.Model(
-            inputs + ([mask_input] if mask is not None else []), out
-        )
-        extra = [ops.convert_to_tensor(mask)] if mask is not None else []
-        return lambda *qkv: model([*map(ops.convert_to_tensor, qkv), *extra])
-
-    def fn(q, k, v):
-        with path_context(path):
-            return F.scaled_dot_product_attention(
-                *(ops.cast(x, dtype) for x in (q, k, v)),
-                mask=mask,
-                is_causal=causal,
-            )
-
-    return fn
-
-
-def check_sdpa(cases, q, k, v, mask, causal):
-    """Checks `(what, path, dtype)` cases on the same inputs, all in one
-    differentiated program (one compilation on JAX, not one per case)."""
-    shapes = (q.shape, k.shape, v.shape)
-    fns = [sdpa_function(p, d, mask, causal, shapes) for _, p, d in cases]
-
-    def every_case(*qkvs):
-        return [fn(*qkvs[3 * i : 3 * i + 3]) for i, fn in enumerate(fns)]
-
-    outputs, grads, _ = value_and_grads(every_case, [q, k, v] * len(cases))
-    seeds = cotangents([o.shape for o in outputs])
-    for i, (what, _, dtype) in enumerate(cases):
-        out, dq, dk, dv = np_sdpa_grads(q, k, v, mask, causal, seeds[i])
-        assert_close(
-            what,
-            dtype,
-            [outputs[i]],
-            grads[3 * i : 3 * i + 3],
-            [out],
-            [dq, dk, dv],
-            ("q", "k", "v"),
-        )
-
-
-@pytest.mark.parametrize("mask_kind", MASKS)
-@pytest.mark.parametrize("layout", tuple(SDPA_LAYOUTS))
-def test_sdpa_paths_equal_float64_reference(layout, mask_kind):
-    """Every path in every dtype: outputs and q, k, v gradients."""
-    q, k, v, mask, causal = sdpa_inputs(layout, mask_kind)
-    cases = [
-        (f"sdpa {path}", path, dtype)
-        for path in (*KERNEL_PATHS, "symbolic")
-        for dtype in DTYPES
-    ]
-    check_sdpa(cases, q, k, v, mask, causal)
-
-
-@pytest.mark.parametrize("mask_kind", ["padding", "padding+causal"])
-@pytest.mark.parametrize("layout", ["3d", "gqa"])
-def test_sdpa_past_the_length_threshold(layout, mask_kind):
-    """At 520 queries TensorFlow and JAX on CPU choose the chunked path
-    (the fused kernel elsewhere): every gradient still reaches q, k, v."""
-    length = _kernels.CHUNKED_MIN_LENGTH + 8
-    q, k, v, mask, causal = sdpa_inputs(
-        layout, mask_kind, length, _kernels.CHUNK_SIZE + 44
-    )
-    cases = [
-        (f"sdpa {path} T={length}", path, "float32")
-        for path in ("auto", "symbolic")
-    ]
-    check_sdpa(cases, q, k, v, mask, causal)
-
-
-@pytest.mark.parametrize("length", [511, 512])
-def test_dispatch_rule_at_the_threshold(length):
-    q = ops.zeros((1, length, 2, 4))
-    k = ops.zeros((1, _kernels.CHUNK_SIZE, 2, 4))
-    chosen = _kernels.select(q, k)
-    if _kernels._has_fused_kernel():
-        assert chosen == "fused"
-    else:
-        assert chosen == ("chunked" if length >= 512 else "reference")
-    with _kernels.force("reference"):
-        assert _kernels.select(q, k) == "reference"
-    assert _kernels.select(q, k) == chosen  # the override ends with it
-
-
-def test_force_rejects_an_unknown_path():
-    with (
-        pytest.raises(ValueError, match="Received: path='flash'"),
-        _kernels.force("flash"),
-    ):
-        pass
-
-
-# --- layers ----------------------------------------------------------------
-#
 # A case is a layer, its float inputs (differentiated) and constant masks,
 # and how it is called. Each path runs on its own copy of the layer (same
 # weights), all paths of a case in one differentiated program; the
@@ -449,10 +301,9 @@ def float64_reference(case, inputs, weights):
         return value_and_grads(fn, inputs, layer.trainable_weights)
 
 
-@pytest.mark.parametrize("name", tuple(LAYER_CASES))
-def test_layer_paths_equal_float64_reference(name):
-    """Every path of the layer: the outputs and the gradients of every
-    input and every trainable weight equal the float64 reference path."""
+def check_layer_paths(name, policy, dtype):
+    """Every path of the case under `policy` against the float64
+    reference; errors recorded under the compute `dtype`."""
     case = LAYER_CASES[name]
     generator = rng(1)
     inputs = [
@@ -463,7 +314,7 @@ def test_layer_paths_equal_float64_reference(name):
     weights = base.get_weights()
     ref_out, ref_in, ref_w = float64_reference(case, inputs, weights)
     paths = layer_paths(case)
-    copies = [build_copy(case, "float32", inputs, weights) for _ in paths]
+    copies = [build_copy(case, policy, inputs, weights) for _ in paths]
     fns = [
         path_function(case, path, layer, inputs)
         for path, layer in zip(paths, copies, strict=True)
@@ -481,7 +332,7 @@ def test_layer_paths_equal_float64_reference(name):
         w.path for w in base.trainable_weights
     ]
     per_copy = len(base.trainable_weights)
-    assert per_copy == len(ref_w) and per_copy > 0 or name.startswith("Luong")
+    assert per_copy == len(ref_w) > 0
     for i, path in enumerate(paths):
         grads = (
             input_grads[i * n : (i + 1) * n]
@@ -489,13 +340,37 @@ def test_layer_paths_equal_float64_reference(name):
         )
         assert_close(
             f"layer {path}",
-            "float32",
+            dtype,
             [outputs[i]],
             grads,
             ref_out,
             ref_in + ref_w,
             names,
         )
+
+
+@pytest.mark.parametrize("name", tuple(LAYER_CASES))
+def test_layer_paths_equal_float64_reference(name):
+    """Every path of the layer: the outputs and the gradients of every
+    input and every trainable weight equal the float64 reference path."""
+    check_layer_paths(name, "float32", "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "MultiHeadSelfAttention causal+padding",
+        "CrossAttention value_mask",
+        "TransformerDecoderBlock encoder",
+        "BahdanauAttention",
+        "AttentionDecoder luong flow",
+    ],
+)
+def test_mixed_precision_paths_equal_float64_reference(name, dtype):
+    """Under a mixed policy (half compute, float32 weights), every path:
+    outputs and every gradient near the float64 reference's."""
+    check_layer_paths(name, f"mixed_{dtype}", dtype)
 
 
 def test_layer_past_the_length_threshold():
@@ -522,46 +397,4 @@ def test_layer_past_the_length_threshold():
         ref_out,
         ref_in + ref_w,
         ["input"] + [w.path for w in base.trainable_weights],
-    )
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(
-    "name",
-    [
-        "MultiHeadSelfAttention causal+padding",
-        "CrossAttention value_mask",
-        "TransformerDecoderBlock encoder",
-        "BahdanauAttention",
-        "AttentionDecoder luong flow",
-    ],
-)
-def test_mixed_precision_layer_equals_float64_reference(name, dtype):
-    """Under a mixed policy (half compute, float32 weights) on the
-    automatic path: outputs and every gradient near the float64 ones."""
-    case = LAYER_CASES[name]
-    generator = rng(2)
-    inputs = [
-        generator.standard_normal(shape).astype("float32")
-        for shape in case["shapes"]
-    ]
-    base = build_copy(case, "float32", inputs)
-    weights = base.get_weights()
-    ref_out, ref_in, ref_w = float64_reference(case, inputs, weights)
-    layer = build_copy(case, f"mixed_{dtype}", inputs, weights)
-    fn = path_function(case, "auto", layer, inputs)
-    outputs, input_grads, weight_grads = value_and_grads(
-        fn, inputs, layer.trainable_weights
-    )
-    names = [f"input {i}" for i in range(len(inputs))] + [
-        w.path for w in layer.trainable_weights
-    ]
-    assert_close(
-        "layer auto (mixed precision)",
-        dtype,
-        outputs,
-        input_grads + weight_grads,
-        ref_out,
-        ref_in + ref_w,
-        names,
     )

@@ -1,0 +1,155 @@
+"""Every path of `scaled_dot_product_attention` gives the reference's
+outputs and gradients.
+
+The paths (`reference`, `chunked`, `fused`, each forced through
+`_kernels.force` on every backend; the automatic choice on both sides of
+the length threshold; the symbolic path of a functional model) are
+checked against a float64 NumPy reference for the outputs and the
+gradients of the query, key and value, taken with the backend's own
+autodiff. The layers' paths are checked in `test_paths_layers.py`.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention import _kernels
+from keras_attention import functional as F
+from tests.autodiff import KERNEL_PATHS
+from tests.autodiff import assert_close
+from tests.autodiff import cotangents
+from tests.autodiff import np_sdpa_grads
+from tests.autodiff import path_context
+from tests.autodiff import value_and_grads
+from tests.helpers import rng
+
+SDPA_LAYOUTS = {  # query shape, key shape, value dim
+    "3d": ((2, 7, 4), (2, 6, 4), 3),
+    "4d": ((2, 7, 2, 4), (2, 6, 2, 4), 3),
+    "gqa": ((2, 7, 4, 4), (2, 6, 2, 4), 3),
+}
+MASKS = ("none", "padding", "causal", "padding+causal")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def sdpa_inputs(layout, mask_kind, length=None, key_length=None, seed=0):
+    q_shape, k_shape, value_dim = SDPA_LAYOUTS[layout]
+    if length is not None:
+        q_shape = (q_shape[0], length, *q_shape[2:])
+        k_shape = (k_shape[0], key_length, *k_shape[2:])
+    generator = rng(seed)
+    q = generator.standard_normal(q_shape).astype("float32")
+    k = generator.standard_normal(k_shape).astype("float32")
+    v = generator.standard_normal((*k_shape[:-1], value_dim)).astype("float32")
+    mask = None
+    batch, t, s = q_shape[0], q_shape[1], k_shape[1]
+    if "padding" in mask_kind:
+        visible = np.array([s - 2, s])  # example 0 has two padded keys
+        mask = np.arange(s)[None, None, :] < visible[:, None, None]
+        mask = np.broadcast_to(mask, (batch, t, s)).copy()
+        mask[1, 2] = False  # a query that sees no key
+    return q, k, v, mask, "causal" in mask_kind
+
+
+def sdpa_function(path, dtype, mask, causal, shapes):
+    """`fn(q, k, v)` computing attention in `dtype` on `path`."""
+    if path == "symbolic":
+        inputs = [keras.Input(shape[1:]) for shape in shapes]
+        mask_input = None
+        if mask is not None:
+            mask_input = keras.Input(mask.shape[1:], dtype="bool")
+        cast = [ops.cast(x, dtype) for x in inputs]
+        out = F.scaled_dot_product_attention(
+            *cast, mask=mask_input, is_causal=causal
+        )
+        model = keras.Model(
+            inputs + ([mask_input] if mask is not None else []), out
+        )
+        extra = [ops.convert_to_tensor(mask)] if mask is not None else []
+        return lambda *qkv: model([*map(ops.convert_to_tensor, qkv), *extra])
+
+    def fn(q, k, v):
+        with path_context(path):
+            return F.scaled_dot_product_attention(
+                *(ops.cast(x, dtype) for x in (q, k, v)),
+                mask=mask,
+                is_causal=causal,
+            )
+
+    return fn
+
+
+def check_sdpa(cases, q, k, v, mask, causal):
+    """Checks `(what, path, dtype)` cases on the same inputs, all in one
+    differentiated program (one compilation on JAX, not one per case)."""
+    shapes = (q.shape, k.shape, v.shape)
+    fns = [sdpa_function(p, d, mask, causal, shapes) for _, p, d in cases]
+
+    def every_case(*qkvs):
+        return [fn(*qkvs[3 * i : 3 * i + 3]) for i, fn in enumerate(fns)]
+
+    outputs, grads, _ = value_and_grads(every_case, [q, k, v] * len(cases))
+    seeds = cotangents([o.shape for o in outputs])
+    for i, (what, _, dtype) in enumerate(cases):
+        out, dq, dk, dv = np_sdpa_grads(q, k, v, mask, causal, seeds[i])
+        assert_close(
+            what,
+            dtype,
+            [outputs[i]],
+            grads[3 * i : 3 * i + 3],
+            [out],
+            [dq, dk, dv],
+            ("q", "k", "v"),
+        )
+
+
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("layout", tuple(SDPA_LAYOUTS))
+def test_sdpa_paths_equal_float64_reference(layout, mask_kind):
+    """Every path in every dtype: outputs and q, k, v gradients."""
+    q, k, v, mask, causal = sdpa_inputs(layout, mask_kind)
+    cases = [
+        (f"sdpa {path}", path, dtype)
+        for path in (*KERNEL_PATHS, "symbolic")
+        for dtype in DTYPES
+    ]
+    check_sdpa(cases, q, k, v, mask, causal)
+
+
+@pytest.mark.parametrize("mask_kind", ["padding", "padding+causal"])
+@pytest.mark.parametrize("layout", ["3d", "gqa"])
+def test_sdpa_past_the_length_threshold(layout, mask_kind):
+    """At 520 queries TensorFlow and JAX on CPU choose the chunked path
+    (the fused kernel elsewhere): every gradient still reaches q, k, v."""
+    length = _kernels.CHUNKED_MIN_LENGTH + 8
+    q, k, v, mask, causal = sdpa_inputs(
+        layout, mask_kind, length, _kernels.CHUNK_SIZE + 44
+    )
+    cases = [
+        (f"sdpa {path} T={length}", path, "float32")
+        for path in ("auto", "symbolic")
+    ]
+    check_sdpa(cases, q, k, v, mask, causal)
+
+
+@pytest.mark.parametrize("length", [511, 512])
+def test_dispatch_rule_at_the_threshold(length):
+    q = ops.zeros((1, length, 2, 4))
+    k = ops.zeros((1, _kernels.CHUNK_SIZE, 2, 4))
+    chosen = _kernels.select(q, k)
+    if _kernels._has_fused_kernel():
+        assert chosen == "fused"
+    else:
+        assert chosen == ("chunked" if length >= 512 else "reference")
+    with _kernels.force("reference"):
+        assert _kernels.select(q, k) == "reference"
+    assert _kernels.select(q, k) == chosen  # the override ends with it
+
+
+def test_force_rejects_an_unknown_path():
+    with (
+        pytest.raises(ValueError, match="Received: path='flash'"),
+        _kernels.force("flash"),
+    ):
+        pass
