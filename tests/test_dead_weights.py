@@ -34,7 +34,8 @@ TARGET_STEPS = 3  # the RNN decoders' target length
 SHORT, LONG = 6, 600
 LEARNING_RATE = 1.0
 # A weight moved if some entry changed by more than this; one exempt by
-# an invariance (below) must have changed by less.
+# an invariance (below) must have moved by less than 1% of the weight
+# that moved least.
 TOLERANCE = 1e-6
 
 
