@@ -42,10 +42,17 @@ def fused_attention(query, key, value, mask, is_causal, scale, reference):
 
 
 def _kernel_takes(query, value) -> bool:
-    """JAX's kernels need the value head dim to equal the key head dim."""
-    return (
-        keras.backend.backend() != "jax" or query.shape[-1] == value.shape[-1]
+    """What the backend's kernel accepts. JAX's needs the value head dim to
+    equal the key head dim, and on CPU (its XLA implementation) it cannot
+    multiply float16 into float32."""
+    if keras.backend.backend() != "jax":
+        return True
+    import jax
+
+    half_on_cpu = jax.default_backend() == "cpu" and (
+        keras.backend.standardize_dtype(query.dtype) == "float16"
     )
+    return query.shape[-1] == value.shape[-1] and not half_on_cpu
 
 
 def _kernel(query, key, value, mask, is_causal, scale):
