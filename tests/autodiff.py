@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_attention import _kernels
 from tests.helpers import BACKEND
+from tests.helpers import np_sdpa
 
 KERNEL_PATHS = tuple(_kernels.PATHS)  # reference, chunked, fused
 SMALL_CHUNK = 3  # several chunks, the last one partial, at short lengths
@@ -142,26 +143,12 @@ def np_sdpa_grads(q, k, v, mask, causal, cotangent, scale=None):
     single = q.ndim == 3
     if single:
         q, k, v, dout = (x[:, :, None] for x in (q, k, v, dout))
-    batch, t, n, h = q.shape
+    out, weights = np_sdpa(q, k, v, mask, causal, scale)  # 4-D, float64
+    batch, _, n, h = q.shape
     s, kv_heads = k.shape[1], k.shape[2]
     groups = n // kv_heads
     kr, vr = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
     scale = 1.0 / np.sqrt(h) if scale is None else scale
-    logits = np.einsum("btnh,bsnh->bnts", q, kr) * scale
-    full = np.ones((batch, n, t, s), bool)
-    if mask is not None:
-        mask = np.asarray(mask, bool)
-        full &= np.broadcast_to(
-            mask[:, None] if mask.ndim == 3 else mask, full.shape
-        )
-    if causal:
-        full &= np.tril(np.ones((t, s), bool))
-    row_max = np.where(full, logits, -np.inf).max(-1, keepdims=True)
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-    exp = np.exp(np.where(full, logits - row_max, -np.inf))
-    total = exp.sum(-1, keepdims=True)
-    weights = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
-    out = np.einsum("bnts,bsnv->btnv", weights, vr)
     dweights = np.einsum("btnv,bsnv->bnts", dout, vr)
     dvr = np.einsum("bnts,btnv->bsnv", weights, dout)
     dlogits = weights * (dweights - (weights * dweights).sum(-1, keepdims=True))
