@@ -345,9 +345,6 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     if mask is not None:
-        if is_causal:
-            causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
-            mask, is_causal = merge_masks(mask, causal), False
         mask = _expand_mask(mask, len(query.shape))  # the weights' rank
     if return_attention_scores:
         causal_offset = 0 if is_causal else None

@@ -107,8 +107,9 @@ def attention(query, key, value, mask, is_causal, scale, reference):
         query, key, value: `(B, T, H)`, `(B, S, H)`, `(B, S, V)` or
             `(B, T, N, H)`, `(B, S, K, H)`, `(B, S, K, V)`.
         mask: boolean tensor of the weights' rank (`(B|1, T|1, S)` or
-            `(B|1, N|1, T|1, S)`) or `None`; never given with `is_causal`.
-        is_causal: bool. Top-left causal masking (query `i` sees `j <= i`).
+            `(B|1, N|1, T|1, S)`) or `None`.
+        is_causal: bool. Top-left causal masking (query `i` sees `j <= i`),
+            on top of `mask`.
         scale: float. Multiplies the logits.
         reference: the reference math, `reference(query, key, value, mask,
             scale, causal_offset)`, `causal_offset` `None` or the position
@@ -118,8 +119,8 @@ def attention(query, key, value, mask, is_causal, scale, reference):
         The output, `(B, T, V)` or `(B, T, N, V)`.
     """
     path = select(query, key)
-    if path == "chunked" and query.shape[1] is None:
-        path = "reference"  # chunks need a known length
+    if path == "chunked" and None in (query.shape[1], key.shape[1]):
+        path = "reference"  # blocks need known lengths
     return PATHS[path](query, key, value, mask, is_causal, scale, reference)
 
 

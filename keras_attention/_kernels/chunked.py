@@ -1,14 +1,23 @@
-"""The memory-efficient path: query chunks, rematerialised for gradients.
+"""The memory-efficient path: blockwise attention with an online softmax.
 
-The queries are processed in chunks of rows by a sequential loop
-(`ops.map`), so one chunk's buffers are live at a time, and each chunk is
-recomputed in the backward pass (`jax.checkpoint`, `tf.recompute_grad`,
-`torch.utils.checkpoint`), so a training step never holds the whole
-`(B, N, T, S)` weight matrix. Each chunk runs the reference computation on
-its rows, so the numbers are the reference path's.
+The `(T, S)` logits are never materialised. Queries and keys are cut into
+blocks of `C` rows; for each query block a loop runs over the key blocks,
+keeping a running maximum `m`, a running sum `l` of the exponentials and
+an unnormalised output, rescaled whenever the maximum grows (Milakov and
+Gimelshein 2018; Rabe and Staats 2021; Dao et al. 2022, FlashAttention).
+The backward pass is written by hand, as in FlashAttention-2 (Dao 2023):
+it keeps only the output and the log-sum-exp of each row from the
+forward pass and recomputes each block's logits once, so a training step
+holds `O(B x N x C^2)` attention buffers beyond its inputs and outputs.
 
-Shape legend: B batch, T query length, S key length, C chunk rows,
-N query heads, H head dim, V value head dim.
+Block pairs that the causal structure leaves empty are never computed:
+with `is_causal`, query block `i` visits key blocks `0..i` only, and the
+backward pass visits, for key block `j`, query blocks `j..` only, which
+skips about half of the work for `T = S`.
+
+Shape legend: B batch, T query length, S key length, C block rows,
+N query heads, K key/value heads, G = N // K queries per key/value head,
+H head dim, V value head dim, P = B x K.
 """
 
 import keras
@@ -18,75 +27,359 @@ from keras import ops
 def chunked_attention(
     query, key, value, mask, is_causal, scale, reference, chunk_size
 ):
-    """Attention over `chunk_size` query rows at a time.
+    """Attention over blocks of `chunk_size` queries and keys.
 
-    `mask` has the weights' rank (`(..., T|1, S)`); `reference` computes
-    one chunk: `reference(query, key, value, mask, scale, causal_offset)`.
+    `mask` has the weights' rank (`(B|1, T|1, S)` for 3-D inputs,
+    `(B|1, N|1, T|1, S)` for 4-D) or is `None`; `is_causal` (query `i`
+    sees keys `j <= i`) may come with it, and is what lets blocks be
+    skipped. `reference` is unused: the blocks compute the same math.
     """
-    length = query.shape[1]
-    chunks = -(-length // chunk_size)
-    pad = chunks * chunk_size - length
-    # The last chunk is padded with queries whose outputs are dropped.
-    rows = _to_chunks(query, 1, pad, chunks, chunk_size)  # (chunks,B,C,...)
-    chunked_mask = mask is not None and mask.shape[-2] != 1
-    if chunked_mask:
-        mask_axis = len(mask.shape) - 2
-        mask_rows = _to_chunks(mask, mask_axis, pad, chunks, chunk_size)
-    starts = ops.arange(chunks) * chunk_size  # first query of each chunk
-
-    def chunk(inputs):
-        query_rows, start = inputs[0], inputs[1]
-        rows_mask = inputs[2] if chunked_mask else mask  # (..., C|1, S)
-
-        def attend_rows(query_rows, key, value):
-            offset = start if is_causal else None
-            return reference(query_rows, key, value, rows_mask, scale, offset)
-
-        # Keys and values are explicit arguments: TensorFlow's
-        # `recompute_grad` differentiates only those, never a closure.
-        return _rematerialized(attend_rows)(query_rows, key, value)
-
-    inputs = (rows, starts, mask_rows) if chunked_mask else (rows, starts)
-    outputs = ops.map(chunk, inputs)  # (chunks, B, C, [N,] V)
-    outputs = ops.moveaxis(outputs, 0, 1)  # (B, chunks, C, [N,] V)
-    outputs = ops.reshape(
-        outputs, (-1, chunks * chunk_size, *outputs.shape[3:])
-    )  # (B, T + pad, [N,] V)
-    return outputs[:, :length]
+    del reference
+    single_head = len(query.shape) == 3
+    if single_head:
+        query, key, value = (ops.expand_dims(x, 2) for x in (query, key, value))
+        if mask is not None:
+            mask = ops.expand_dims(mask, 1)  # (B|1, 1, T|1, S)
+    plan = _Plan(query, key, value, mask, is_causal, scale, chunk_size)
+    output = _with_gradient(plan)(query, key, value, plan.mask)
+    if single_head:
+        output = ops.squeeze(output, 2)  # (B, T, V)
+    return output
 
 
-def _to_chunks(tensor, axis, pad, chunks, chunk_size):
-    """`tensor` with `axis` padded by `pad` and split into `chunks` equal
-    pieces stacked on a new leading axis."""
-    if pad:
-        widths = [(0, 0)] * len(tensor.shape)
-        widths[axis] = (0, pad)
-        tensor = ops.pad(tensor, widths)
-    shape = ops.shape(tensor)
-    tensor = ops.reshape(
-        tensor, (*shape[:axis], chunks, chunk_size, *shape[axis + 1 :])
-    )
-    return ops.moveaxis(tensor, axis, 0)
+class _Plan:
+    """The static facts of one call: shapes, blocks, dtypes, structure."""
+
+    def __init__(self, query, key, value, mask, is_causal, scale, block):
+        self.batch, self.length, self.heads, head_dim = query.shape
+        self.key_length, self.kv_heads = key.shape[1], key.shape[2]
+        self.groups = self.heads // self.kv_heads
+        self.value_dim = value.shape[-1]
+        self.block = block
+        self.query_blocks = -(-self.length // block)
+        self.key_blocks = -(-self.key_length // block)
+        self.is_causal = is_causal
+        self.scale = scale
+        self.dtypes = tuple(
+            keras.backend.standardize_dtype(x.dtype)
+            for x in (query, key, value)
+        )
+        half = self.dtypes[0] in ("float16", "bfloat16")
+        self.compute_dtype = "float32" if half else self.dtypes[0]
+        # Below every real logit, and safe to subtract from in float32.
+        self.negative = -1e30
+        self.mask = None if mask is None else self._blocked_mask(mask)
+
+    def key_range(self, i):
+        """Key blocks `[0, end)` that query block `i` can see."""
+        if not self.is_causal:
+            return 0, self.key_blocks
+        return 0, _minimum(i + 1, self.key_blocks)
+
+    def query_range(self, j):
+        """Query blocks `[start, end)` that can see key block `j`."""
+        if not self.is_causal:
+            return 0, self.query_blocks
+        return _minimum(j, self.query_blocks), self.query_blocks
+
+    def _blocked_mask(self, mask):
+        """`(B|1, N|1, T|1, S)` as `(B|1, K|1, G|1, T'|1, S')`, padded
+        to whole blocks with hidden positions."""
+        mask = ops.cast(mask, "bool")
+        mask_batch, mask_heads, mask_rows, _ = mask.shape
+        if mask_heads == 1:
+            mask = ops.expand_dims(mask, 1)  # (B|1, 1, 1, T|1, S)
+        else:
+            mask = ops.reshape(
+                mask,
+                (mask_batch, self.kv_heads, self.groups, mask_rows, -1),
+            )  # (B|1, K, G, T|1, S)
+        rows_pad = self._pad(self.length) if mask_rows != 1 else 0
+        widths = [(0, 0)] * 3 + [(0, rows_pad), (0, self._pad(self.key_length))]
+        return ops.pad(mask, widths, constant_values=False)
+
+    def _pad(self, length):
+        return -length % self.block
 
 
-def _rematerialized(fn):
-    """`fn` whose intermediates are recomputed, not stored, for gradients.
+def _minimum(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return ops.minimum(a, b)
 
-    Only the explicit arguments of `fn` get gradients on TensorFlow."""
+
+def _with_gradient(plan):
+    """`fn(query, key, value, mask)`: the attention output `(B, T, N, V)`,
+    differentiated by `_backward` on every backend."""
+
+    def forward(query, key, value, mask):
+        query, key, value = _to_blocks(plan, query, key, value)
+        outputs, lse = _forward(plan, query, key, value, mask)
+        output = _from_query_blocks(plan, outputs, plan.dtypes[2])
+        return output, (query, key, value, outputs, lse)
+
+    def backward(mask, residuals, grad):
+        query, key, value, outputs, lse = residuals
+        grad = _query_blocks(plan, ops.cast(grad, plan.compute_dtype))
+        grads = _backward(plan, query, key, value, mask, outputs, lse, grad)
+        grad_query, grad_key, grad_value = grads
+        return (
+            _from_query_blocks(plan, grad_query * plan.scale, plan.dtypes[0]),
+            _from_key_blocks(plan, grad_key, plan.dtypes[1]),
+            _from_key_blocks(plan, grad_value, plan.dtypes[2]),
+        )
+
+    return _custom_gradient(forward, backward)
+
+
+def _custom_gradient(forward, backward):
+    """`fn(query, key, value, mask)` whose value is `forward(...)[0]` and
+    whose gradients are `backward(mask, residuals, grad)`; the mask gets
+    none."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        return jax.checkpoint(fn)
+        @jax.custom_vjp
+        def fn(query, key, value, mask):
+            return forward(query, key, value, mask)[0]
+
+        def fn_forward(query, key, value, mask):
+            output, residuals = forward(query, key, value, mask)
+            return output, (residuals, mask)
+
+        def fn_backward(saved, grad):
+            residuals, mask = saved
+            return (*backward(mask, residuals, grad), None)
+
+        fn.defvjp(fn_forward, fn_backward)
+        return fn
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.recompute_grad(fn)
-    import torch.utils.checkpoint
+        def fn(query, key, value, mask):
+            @tf.custom_gradient
+            def attend(query, key, value):
+                output, residuals = forward(query, key, value, mask)
+                return output, lambda grad: backward(mask, residuals, grad)
 
-    def checkpointed(*args):
-        if not torch.is_grad_enabled():
-            return fn(*args)
-        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+            return attend(query, key, value)
 
-    return checkpointed
+        return fn
+    import torch
+
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, query, key, value, mask):
+            output, residuals = forward(query, key, value, mask)
+            ctx.save_for_backward(*residuals)
+            ctx.mask = mask
+            return output
+
+        @staticmethod
+        def backward(ctx, grad):
+            return (*backward(ctx.mask, ctx.saved_tensors, grad), None)
+
+    return Attention.apply
+
+
+def _to_blocks(plan, query, key, value):
+    """The inputs in the loops' layout, padded to whole blocks: the query
+    `(P, G, T', H)`, scaled, and the key and value `(P, S', H|V)`, all in
+    the compute dtype."""
+    dtype = plan.compute_dtype
+    query = ops.cast(query, dtype) * ops.cast(plan.scale, dtype)
+    return (
+        _query_blocks(plan, query),
+        _key_blocks(plan, ops.cast(key, dtype)),
+        _key_blocks(plan, ops.cast(value, dtype)),
+    )
+
+
+def _query_blocks(plan, tensor):
+    """`(B, T, N, X)` as `(P, G, T', X)`, query head `n = k * G + g`."""
+    tensor = ops.transpose(tensor, (0, 2, 1, 3))  # (B, N, T, X)
+    tensor = ops.reshape(
+        tensor, (-1, plan.groups, plan.length, tensor.shape[-1])
+    )  # (P, G, T, X)
+    pad = plan.query_blocks * plan.block - plan.length
+    return (
+        ops.pad(tensor, [(0, 0), (0, 0), (0, pad), (0, 0)]) if pad else tensor
+    )
+
+
+def _key_blocks(plan, tensor):
+    """`(B, S, K, X)` as `(P, S', X)`."""
+    tensor = ops.transpose(tensor, (0, 2, 1, 3))  # (B, K, S, X)
+    tensor = ops.reshape(tensor, (-1, plan.key_length, tensor.shape[-1]))
+    pad = plan.key_blocks * plan.block - plan.key_length
+    return ops.pad(tensor, [(0, 0), (0, pad), (0, 0)]) if pad else tensor
+
+
+def _from_query_blocks(plan, tensor, dtype):
+    """`(P, G, T', X)` back to `(B, T, N, X)` in `dtype`."""
+    tensor = tensor[:, :, : plan.length]  # (P, G, T, X)
+    tensor = ops.reshape(
+        tensor, (-1, plan.heads, plan.length, tensor.shape[-1])
+    )  # (B, N, T, X)
+    return ops.cast(ops.transpose(tensor, (0, 2, 1, 3)), dtype)
+
+
+def _from_key_blocks(plan, tensor, dtype):
+    """`(P, S', X)` back to `(B, S, K, X)` in `dtype`."""
+    tensor = tensor[:, : plan.key_length]  # (P, S, X)
+    tensor = ops.reshape(
+        tensor, (-1, plan.kv_heads, plan.key_length, tensor.shape[-1])
+    )  # (B, K, S, X)
+    return ops.cast(ops.transpose(tensor, (0, 2, 1, 3)), dtype)
+
+
+def _forward(plan, query, key, value, mask):
+    """Outputs `(P, G, T', V)` and row log-sum-exps `(P, G, T')`, both in
+    the compute dtype, from blocked inputs (see `_to_blocks`)."""
+    c, groups = plan.block, plan.groups
+    pairs = ops.shape(query)[0]
+    rows = plan.query_blocks * c
+
+    def query_block(i, carry):
+        outputs, lse = carry
+        q = _query_rows(query, i, c)  # (P, G*C, H)
+        shape = (pairs, groups * c)
+
+        def key_block(j, state):
+            running_max, total, acc = state
+            logits = ops.matmul(q, ops.swapaxes(_key_rows(key, j, c), 1, 2))
+            visible = _visible(plan, mask, i, j)
+            logits = _where(plan, visible, logits, plan.negative)  # (P,GC,C)
+            new_max = ops.maximum(running_max, ops.max(logits, axis=-1))
+            p = ops.exp(logits - new_max[..., None])
+            p = _where(plan, visible, p, 0.0)  # (P, G*C, C)
+            rescale = ops.exp(running_max - new_max)
+            total = total * rescale + ops.sum(p, axis=-1)
+            acc = acc * rescale[..., None] + ops.matmul(
+                p, _key_rows(value, j, c)
+            )
+            return new_max, total, acc
+
+        start, end = plan.key_range(i)
+        dtype = plan.compute_dtype
+        state = (
+            ops.full(shape, plan.negative, dtype),
+            ops.zeros(shape, dtype),
+            ops.zeros((*shape, plan.value_dim), dtype),
+        )
+        running_max, total, acc = ops.fori_loop(start, end, key_block, state)
+        seen = total > 0  # a row with no visible key gives zeros
+        safe_total = ops.where(seen, total, ops.ones_like(total))
+        out = ops.where(seen[..., None], acc / safe_total[..., None], 0.0)
+        row_lse = ops.where(seen, running_max + ops.log(safe_total), 0.0)
+        outputs = _write_rows(outputs, out, i, c, groups)
+        lse = _write_rows(lse, row_lse, i, c, groups)
+        return outputs, lse
+
+    dtype = plan.compute_dtype
+    init = (
+        ops.zeros((pairs, groups, rows, plan.value_dim), dtype),
+        ops.zeros((pairs, groups, rows), dtype),
+    )
+    return ops.fori_loop(0, plan.query_blocks, query_block, init)
+
+
+def _backward(plan, query, key, value, mask, outputs, lse, grad):
+    """Gradients of the blocked query, key and value (the query's without
+    the scale), in the compute dtype."""
+    c, groups = plan.block, plan.groups
+    delta = ops.sum(grad * outputs, axis=-1)  # (P, G, T')
+
+    def key_block(j, carry):
+        grad_query, grad_key, grad_value = carry
+        k, v = (
+            _key_rows(key, j, c),
+            _key_rows(value, j, c),
+        )  # (P, C, H), (P, C, V)
+
+        def query_block(i, state):
+            grad_query, grad_k, grad_v = state
+            q = _query_rows(query, i, c)  # (P, G*C, H)
+            do = _query_rows(grad, i, c)  # (P, G*C, V)
+            logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
+            visible = _visible(plan, mask, i, j)
+            p = ops.exp(logits - _query_rows(lse, i, c)[..., None])
+            p = _where(plan, visible, p, 0.0)  # the forward's weights
+            grad_v = grad_v + ops.matmul(ops.swapaxes(p, 1, 2), do)
+            grad_p = ops.matmul(do, ops.swapaxes(v, 1, 2))  # (P, G*C, C)
+            grad_logits = p * (grad_p - _query_rows(delta, i, c)[..., None])
+            grad_k = grad_k + ops.matmul(ops.swapaxes(grad_logits, 1, 2), q)
+            grad_q = _query_rows(grad_query, i, c) + ops.matmul(grad_logits, k)
+            grad_query = _write_rows(grad_query, grad_q, i, c, groups)
+            return grad_query, grad_k, grad_v
+
+        start, end = plan.query_range(j)
+        state = (grad_query, ops.zeros_like(k), ops.zeros_like(v))
+        grad_query, grad_k, grad_v = ops.fori_loop(
+            start, end, query_block, state
+        )
+        grad_key = ops.slice_update(grad_key, (0, j * c, 0), grad_k)
+        grad_value = ops.slice_update(grad_value, (0, j * c, 0), grad_v)
+        return grad_query, grad_key, grad_value
+
+    init = (ops.zeros_like(query), ops.zeros_like(key), ops.zeros_like(value))
+    return ops.fori_loop(0, plan.key_blocks, key_block, init)
+
+
+def _query_rows(tensor, index, block):
+    """Query block `index` of `(P, G, T', ...)` as `(P, G*C, ...)`."""
+    shape = list(ops.shape(tensor))
+    starts = [0, 0, index * block] + [0] * (len(shape) - 3)
+    shape[2] = block
+    piece = ops.slice(tensor, starts, shape)  # (P, G, C, ...)
+    return ops.reshape(piece, (-1, shape[1] * block, *shape[3:]))
+
+
+def _key_rows(tensor, index, block):
+    """Key block `index` of `(P, S', X)` as `(P, C, X)`."""
+    shape = list(ops.shape(tensor))
+    return ops.slice(tensor, (0, index * block, 0), (shape[0], block, shape[2]))
+
+
+def _write_rows(tensor, rows, index, block, groups):
+    """`tensor` `(P, G, T', ...)` with query block `index` set to `rows`
+    `(P, G*C, ...)`."""
+    rows = ops.reshape(rows, (-1, groups, block, *rows.shape[2:]))
+    starts = [0, 0, index * block] + [0] * (len(tensor.shape) - 3)
+    return ops.slice_update(tensor, starts, rows)
+
+
+def _visible(plan, mask, i, j):
+    """Which logits of block pair `(i, j)` are visible, broadcastable to
+    `(B, K, G, C, C)`, or `None` if all are."""
+    c = plan.block
+    visible = None
+    if mask is not None:
+        b, k, g, rows, _ = mask.shape
+        starts = (0, 0, 0, i * c if rows != 1 else 0, j * c)
+        visible = ops.slice(mask, starts, (b, k, g, min(rows, c), c))
+    keys = j * c + ops.arange(c)  # (C,) key positions
+    conditions = []
+    if plan.key_length % c:
+        conditions.append(keys < plan.key_length)  # the padded keys
+    if plan.is_causal:
+        queries = i * c + ops.arange(c)
+        conditions.append(queries[:, None] >= keys[None, :])  # (C, C)
+    for condition in conditions:
+        visible = (
+            condition
+            if visible is None
+            else ops.logical_and(visible, condition)
+        )
+    return visible
+
+
+def _where(plan, visible, block, fill):
+    """`block` `(P, G*C, C)` with the hidden logits replaced by `fill`."""
+    if visible is None:
+        return block
+    c = plan.block
+    block = ops.reshape(block, (-1, plan.kv_heads, plan.groups, c, c))
+    block = ops.where(visible, block, ops.cast(fill, block.dtype))
+    return ops.reshape(block, (-1, plan.groups * c, c))

@@ -18,14 +18,19 @@ def fused_attention(query, key, value, mask, is_causal, scale, reference):
     """Attention through the backend's fused kernel.
 
     `mask` has the weights' rank (`(B|1, T|1, S)` for 3-D inputs,
-    `(B|1, N|1, T|1, S)` for 4-D) and is never given together with
-    `is_causal` (the caller merges them), so that `is_causal` reaches the
-    kernel alone and lets it skip the masked blocks.
+    `(B|1, N|1, T|1, S)` for 4-D). A kernel takes a causal flag or a mask
+    tensor, not both: `is_causal` alone reaches it as the flag, which lets
+    it skip the masked blocks; with a mask, the causal structure is merged
+    into the mask.
     """
     if not _kernel_takes(query, value):
         return reference(
             query, key, value, mask, scale, 0 if is_causal else None
         )
+    if mask is not None and is_causal:
+        rows = ops.arange(ops.shape(query)[1])[:, None]
+        keys = ops.arange(ops.shape(key)[1])[None, :]
+        mask, is_causal = ops.logical_and(mask, rows >= keys), False
     single_head = len(query.shape) == 3
     if single_head:
         query, key, value = (ops.expand_dims(x, 2) for x in (query, key, value))

@@ -1,0 +1,135 @@
+"""Causal attention: what skipping the masked half of the work is worth.
+
+On the active backend at B=4, D=512, 8 heads, float32, side by side in one
+process:
+
+* training steps (one `train_on_batch`, MSE to zeros, SGD, compiled as
+  Keras compiles it by default) of `MultiHeadSelfAttention` with and
+  without `use_causal_mask`, and of
+  `keras.layers.MultiHeadAttention(use_causal_mask=True)`;
+* the attention kernel alone, forward and backward (the gradients of the
+  query, key and value): our `scaled_dot_product_attention(...,
+  is_causal=True)`, compiled by the backend, against PyTorch's
+  `torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)`
+  on the same CPU threads.
+
+    KERAS_BACKEND=jax python benchmarks/causal.py [--quick]
+"""
+
+import argparse
+
+import keras
+import numpy as np
+from common import BACKEND
+from common import median_seconds
+from common import write
+
+import keras_attention as ka
+from keras_attention import functional
+
+B, D, N = 4, 512, 8
+H = D // N
+
+
+def layer_step_seconds(name, length, repeats):
+    if name == "keras_mha_causal":
+        layer = keras.layers.MultiHeadAttention(N, H)
+        call = lambda x: layer(x, x, use_causal_mask=True)  # noqa: E731
+    else:
+        layer = ka.MultiHeadSelfAttention(N, H)
+        causal = name == "ours_causal"
+        call = lambda x: layer(x, use_causal_mask=causal)  # noqa: E731
+    inputs = keras.Input((length, D), batch_size=B)
+    model = keras.Model(inputs, call(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(B, length, D)).astype("float32")
+    zeros = np.zeros_like(x)
+    return median_seconds(lambda: model.train_on_batch(x, zeros), repeats)
+
+
+def kernel_step(length):
+    """Forward and backward of our causal kernel on `(B, T, N, H)` heads,
+    compiled as the backend compiles a training step."""
+    rng = np.random.default_rng(0)
+    q, k, v, cotangent = (
+        keras.ops.convert_to_tensor(
+            rng.normal(size=(B, length, N, H)).astype("float32")
+        )
+        for _ in range(4)
+    )
+
+    def loss(q, k, v):
+        out = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return keras.ops.sum(out * cotangent)
+
+    if BACKEND == "jax":
+        import jax
+
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        return lambda: grads(q, k, v)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function(jit_compile=True)
+        def grads(q, k, v):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                value = loss(q, k, v)
+            return tape.gradient(value, [q, k, v])
+
+        return lambda: grads(q, k, v)
+    import torch
+
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+
+    def grads():
+        return torch.autograd.grad(loss(q, k, v), (q, k, v))
+
+    return grads
+
+
+def torch_kernel_step(length):
+    import torch
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(B, N, length, H, generator=generator, requires_grad=True)
+        for _ in range(3)
+    )
+    cotangent = torch.randn(B, N, length, H, generator=generator)
+
+    def grads():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.autograd.grad((out * cotangent).sum(), (q, k, v))
+
+    return grads
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    lengths = (512, 1024) if args.quick else (1024, 2048, 4096)
+    rows = []
+    for length in lengths:
+        repeats = 3
+        for name in ("ours_causal", "ours_full", "keras_mha_causal"):
+            seconds = layer_step_seconds(name, length, repeats)
+            rows.append({"T": length, "name": name, "train_ms": seconds * 1e3})
+            print(f"T={length:5d} {name:18s} train step {seconds * 1e3:9.1f} ms")
+            keras.backend.clear_session()
+        kernels = {
+            "ours_kernel_causal": kernel_step(length),
+            "torch_sdpa_kernel_causal": torch_kernel_step(length),
+        }
+        for name, step in kernels.items():
+            seconds = median_seconds(step, repeats)
+            rows.append({"T": length, "name": name, "train_ms": seconds * 1e3})
+            print(f"T={length:5d} {name:24s} fwd+bwd {seconds * 1e3:9.1f} ms")
+    write("causal", {"B": B, "D": D, "N": N, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
