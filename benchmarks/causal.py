@@ -118,7 +118,7 @@ def main():
         for name in ("ours_causal", "ours_full", "keras_mha_causal"):
             seconds = layer_step_seconds(name, length, repeats)
             rows.append({"T": length, "name": name, "train_ms": seconds * 1e3})
-            print(f"T={length:5d} {name:18s} train step {seconds * 1e3:9.1f} ms")
+            print(f"T={length:5d} {name:18s} train {seconds * 1e3:9.1f} ms")
             keras.backend.clear_session()
         kernels = {
             "ours_kernel_causal": kernel_step(length),

@@ -153,3 +153,58 @@ def test_force_rejects_an_unknown_path():
         _kernels.force("flash"),
     ):
         pass
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "padding+causal"])
+def test_chunked_blocks_with_more_keys_than_queries(mask_kind):
+    """Blocks of 3 over 5 queries and 11 keys: with the causal structure
+    the last key blocks are seen by no query block and are skipped, and
+    their keys and values get zero gradients."""
+    q, k, v, mask, causal = sdpa_inputs("gqa", mask_kind, 5, 11)
+    cases = [
+        (f"sdpa chunked T<S {dtype}", "chunked", dtype)
+        for dtype in ("float32", "bfloat16")
+    ]
+    check_sdpa(cases, q, k, v, mask, causal)
+
+
+@pytest.mark.parametrize(
+    "length, key_length, pairs",
+    [
+        (10, 10, 10),  # 4 x 4 blocks: the lower triangle, 10 of 16
+        (10, 4, 7),  # more queries: the last ones see every key block
+        (4, 10, 3),  # more keys: blocks 2 and 3 are seen by none
+    ],
+)
+def test_causal_block_pairs_skip_the_upper_triangle(length, key_length, pairs):
+    """The block pairs each pass visits, hand-counted for blocks of 3;
+    on PyTorch, whose loops run eagerly, also the pairs computed."""
+    from keras_attention._kernels import chunked
+
+    shape = (1, length, 1, 2), (1, key_length, 1, 2)
+    q, k = ops.zeros(shape[0]), ops.zeros(shape[1])
+    plan = chunked._Plan(q, k, k, None, True, 1.0, 3)
+    forward = [plan.key_range(i) for i in range(plan.query_blocks)]
+    backward = [plan.query_range(j) for j in range(plan.key_blocks)]
+    assert sum(max(end - start, 0) for start, end in forward) == pairs
+    assert sum(max(end - start, 0) for start, end in backward) == pairs
+    full = chunked._Plan(q, k, k, None, False, 1.0, 3)
+    visited = [full.key_range(i) for i in range(full.query_blocks)]
+    assert sum(end - start for start, end in visited) == (
+        full.query_blocks * full.key_blocks
+    )
+    if keras.backend.backend() != "torch":
+        return
+    calls = []
+    original = chunked._hide
+    try:
+        chunked._hide = lambda *args: calls.append(args[2:4]) or original(*args)
+        q = ops.convert_to_tensor(rng(0).standard_normal(shape[0]), "float32")
+        q.requires_grad_()
+        with _kernels.force("chunked", chunk_size=3):
+            out = F.scaled_dot_product_attention(q, k, k, is_causal=True)
+        out.sum().backward()
+    finally:
+        chunked._hide = original
+    assert len(calls) == 2 * pairs  # each pair once forward, once backward
+    assert all(j <= i for i, j in calls)

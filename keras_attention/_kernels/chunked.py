@@ -69,6 +69,9 @@ class _Plan:
         # Below every real logit, and safe to subtract from in float32.
         self.negative = -1e30
         self.mask = None if mask is None else self._blocked_mask(mask)
+        # The last key block a query block sees: its causal diagonal, and
+        # the one with the padded keys.
+        self.key_edge = _Edge(is_causal, self.key_length % block != 0)
 
     def key_range(self, i):
         """Key blocks `[0, end)` that query block `i` can see."""
@@ -237,38 +240,39 @@ def _from_key_blocks(plan, tensor, dtype):
 def _forward(plan, query, key, value, mask):
     """Outputs `(P, G, T', V)` and row log-sum-exps `(P, G, T')`, both in
     the compute dtype, from blocked inputs (see `_to_blocks`)."""
-    c, groups = plan.block, plan.groups
+    c, groups, dtype = plan.block, plan.groups, plan.compute_dtype
     pairs = ops.shape(query)[0]
-    rows = plan.query_blocks * c
 
     def query_block(i, carry):
         outputs, lse = carry
         q = _query_rows(query, i, c)  # (P, G*C, H)
-        shape = (pairs, groups * c)
 
-        def key_block(j, state):
+        def key_block(j, state, edge):
             running_max, total, acc = state
-            logits = ops.matmul(q, ops.swapaxes(_key_rows(key, j, c), 1, 2))
-            visible = _visible(plan, mask, i, j)
-            logits = _where(plan, visible, logits, plan.negative)  # (P,GC,C)
+            k, v = _key_rows(key, j, c), _key_rows(value, j, c)
+            logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
+            logits = _hide(plan, mask, i, j, logits, edge)
             new_max = ops.maximum(running_max, ops.max(logits, axis=-1))
-            p = ops.exp(logits - new_max[..., None])
-            p = _where(plan, visible, p, 0.0)  # (P, G*C, C)
-            rescale = ops.exp(running_max - new_max)
+            # Rows with no visible key yet subtract 0, so that their hidden
+            # logits still give exp(-1e30) = 0.
+            shift = ops.where(new_max > plan.negative / 2, new_max, 0.0)
+            p = ops.exp(logits - shift[..., None])  # (P, G*C, C)
+            rescale = ops.exp(running_max - shift)
             total = total * rescale + ops.sum(p, axis=-1)
-            acc = acc * rescale[..., None] + ops.matmul(
-                p, _key_rows(value, j, c)
-            )
+            acc = acc * rescale[..., None] + ops.matmul(p, v)  # (P, G*C, V)
             return new_max, total, acc
 
-        start, end = plan.key_range(i)
-        dtype = plan.compute_dtype
+        shape = (pairs, groups * c)
         state = (
             ops.full(shape, plan.negative, dtype),
             ops.zeros(shape, dtype),
             ops.zeros((*shape, plan.value_dim), dtype),
         )
-        running_max, total, acc = ops.fori_loop(start, end, key_block, state)
+        (start, end), edge = plan.key_range(i), plan.key_edge
+        state = _loop(
+            start, end - 1, key_block, state, edge=_Edge(False, False)
+        )
+        running_max, total, acc = key_block(end - 1, state, edge=edge)
         seen = total > 0  # a row with no visible key gives zeros
         safe_total = ops.where(seen, total, ops.ones_like(total))
         out = ops.where(seen[..., None], acc / safe_total[..., None], 0.0)
@@ -277,7 +281,7 @@ def _forward(plan, query, key, value, mask):
         lse = _write_rows(lse, row_lse, i, c, groups)
         return outputs, lse
 
-    dtype = plan.compute_dtype
+    rows = plan.query_blocks * c
     init = (
         ops.zeros((pairs, groups, rows, plan.value_dim), dtype),
         ops.zeros((pairs, groups, rows), dtype),
@@ -291,21 +295,18 @@ def _backward(plan, query, key, value, mask, outputs, lse, grad):
     c, groups = plan.block, plan.groups
     delta = ops.sum(grad * outputs, axis=-1)  # (P, G, T')
 
-    def key_block(j, carry):
+    def key_block(j, carry, padded):
         grad_query, grad_key, grad_value = carry
-        k, v = (
-            _key_rows(key, j, c),
-            _key_rows(value, j, c),
-        )  # (P, C, H), (P, C, V)
+        k, v = _key_rows(key, j, c), _key_rows(value, j, c)
 
-        def query_block(i, state):
+        def query_block(i, state, edge):
             grad_query, grad_k, grad_v = state
             q = _query_rows(query, i, c)  # (P, G*C, H)
             do = _query_rows(grad, i, c)  # (P, G*C, V)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
-            visible = _visible(plan, mask, i, j)
+            logits = _hide(plan, mask, i, j, logits, edge)
+            # The forward's weights; hidden logits give exp(-1e30) = 0.
             p = ops.exp(logits - _query_rows(lse, i, c)[..., None])
-            p = _where(plan, visible, p, 0.0)  # the forward's weights
             grad_v = grad_v + ops.matmul(ops.swapaxes(p, 1, 2), do)
             grad_p = ops.matmul(do, ops.swapaxes(v, 1, 2))  # (P, G*C, C)
             grad_logits = p * (grad_p - _query_rows(delta, i, c)[..., None])
@@ -316,15 +317,30 @@ def _backward(plan, query, key, value, mask, outputs, lse, grad):
 
         start, end = plan.query_range(j)
         state = (grad_query, ops.zeros_like(k), ops.zeros_like(v))
-        grad_query, grad_k, grad_v = ops.fori_loop(
-            start, end, query_block, state
-        )
+        # The diagonal block, first in the range, is the causal edge.
+        diagonal = _Edge(plan.is_causal, padded)
+        state = _loop(start, _minimum(start + 1, end), query_block, state,
+                      edge=diagonal)  # fmt: skip
+        interior = _Edge(False, padded)
+        state = _loop(start + 1, end, query_block, state, edge=interior)
+        grad_query, grad_k, grad_v = state
         grad_key = ops.slice_update(grad_key, (0, j * c, 0), grad_k)
         grad_value = ops.slice_update(grad_value, (0, j * c, 0), grad_v)
         return grad_query, grad_key, grad_value
 
-    init = (ops.zeros_like(query), ops.zeros_like(key), ops.zeros_like(value))
-    return ops.fori_loop(0, plan.key_blocks, key_block, init)
+    carry = (ops.zeros_like(query), ops.zeros_like(key), ops.zeros_like(value))
+    # Only the last key block holds padded keys.
+    last = plan.key_blocks - 1 if plan.key_edge.padded else plan.key_blocks
+    carry = _loop(0, last, key_block, carry, padded=False)
+    return _loop(last, plan.key_blocks, key_block, carry, padded=True)
+
+
+def _loop(start, end, body, carry, **flags):
+    """`body(i, carry, **flags)` for `i` in `[start, end)`; nothing when
+    the range is statically empty."""
+    if isinstance(start, int) and isinstance(end, int) and start >= end:
+        return carry
+    return ops.fori_loop(start, end, lambda i, c: body(i, c, **flags), carry)
 
 
 def _query_rows(tensor, index, block):
@@ -350,9 +366,17 @@ def _write_rows(tensor, rows, index, block, groups):
     return ops.slice_update(tensor, starts, rows)
 
 
-def _visible(plan, mask, i, j):
-    """Which logits of block pair `(i, j)` are visible, broadcastable to
-    `(B, K, G, C, C)`, or `None` if all are."""
+class _Edge:
+    """Which structure a block pair must apply beyond the user's mask:
+    the causal diagonal, the padded keys of the last key block."""
+
+    def __init__(self, causal, padded):
+        self.causal, self.padded = causal, padded
+
+
+def _hide(plan, mask, i, j, logits, edge):
+    """`logits` `(P, G*C, C)` of block pair `(i, j)` with every hidden
+    position set to a large negative number."""
     c = plan.block
     visible = None
     if mask is not None:
@@ -361,9 +385,9 @@ def _visible(plan, mask, i, j):
         visible = ops.slice(mask, starts, (b, k, g, min(rows, c), c))
     keys = j * c + ops.arange(c)  # (C,) key positions
     conditions = []
-    if plan.key_length % c:
-        conditions.append(keys < plan.key_length)  # the padded keys
-    if plan.is_causal:
+    if edge.padded:
+        conditions.append(keys < plan.key_length)
+    if edge.causal:
         queries = i * c + ops.arange(c)
         conditions.append(queries[:, None] >= keys[None, :])  # (C, C)
     for condition in conditions:
@@ -372,14 +396,8 @@ def _visible(plan, mask, i, j):
             if visible is None
             else ops.logical_and(visible, condition)
         )
-    return visible
-
-
-def _where(plan, visible, block, fill):
-    """`block` `(P, G*C, C)` with the hidden logits replaced by `fill`."""
     if visible is None:
-        return block
-    c = plan.block
-    block = ops.reshape(block, (-1, plan.kv_heads, plan.groups, c, c))
-    block = ops.where(visible, block, ops.cast(fill, block.dtype))
-    return ops.reshape(block, (-1, plan.groups * c, c))
+        return logits
+    logits = ops.reshape(logits, (-1, plan.kv_heads, plan.groups, c, c))
+    logits = ops.where(visible, logits, ops.cast(plan.negative, logits.dtype))
+    return ops.reshape(logits, (-1, plan.groups * c, c))
