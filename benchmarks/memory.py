@@ -1,9 +1,10 @@
 """Peak memory of one self-attention training step, per layer and length.
 
 Each measurement runs in its own process: the model (the attention layer
-alone, B=8, D=512, 8 heads) is built, the kernel's peak-RSS counter is
-reset (`/proc/self/clear_refs`) and two training steps run: the figure is
-their peak resident memory above the memory held before them. It includes
+alone, B=8, D=512, 8 heads, with and without a causal mask) is built, the
+kernel's peak-RSS counter is reset (`/proc/self/clear_refs`) and two
+training steps run: the figure is their peak resident memory above the
+memory held before them. It includes
 the compilation of the step (XLA on TensorFlow and JAX), a cost of a few
 hundred MiB that does not grow with T. (Measuring a later step alone
 does not work: TensorFlow keeps the memory of earlier steps.)
@@ -23,7 +24,7 @@ from pathlib import Path
 
 B, D, N = 8, 512, 8
 BUDGET_GIB = 12.0  # half of the 24 GiB machine: others share it
-CANDIDATES = ("ours", "keras_mha")
+CANDIDATES = ("ours", "ours_causal", "keras_mha", "keras_mha_causal")
 
 
 def child(name, length):
@@ -33,12 +34,14 @@ def child(name, length):
 
     import keras_attention as ka
 
-    if name == "ours":
+    causal = name.endswith("_causal")
+    inputs = keras.Input((length, D), batch_size=B)
+    if name.startswith("ours"):
         layer = ka.MultiHeadSelfAttention(N, D // N)
+        outputs = layer(inputs, use_causal_mask=causal)
     else:
         layer = keras.layers.MultiHeadAttention(N, D // N)
-    inputs = keras.Input((length, D), batch_size=B)
-    outputs = layer(inputs) if name == "ours" else layer(inputs, inputs)
+        outputs = layer(inputs, inputs, use_causal_mask=causal)
     model = keras.Model(inputs, outputs)
     model.compile(optimizer="sgd", loss="mse")
     x = np.random.default_rng(0).normal(size=(B, length, D)).astype("float32")
@@ -68,7 +71,7 @@ def main():
     from common import BACKEND
     from common import write
 
-    lengths = (512, 1024) if args.quick else (1024, 2048, 4096)
+    lengths = (512, 1024) if args.quick else (1024, 2048, 4096, 8192)
     rows = []
     for name in CANDIDATES:
         previous = None
