@@ -24,6 +24,7 @@ from Python objects while tracing:
 import collections
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention._kernels import runtime
@@ -49,6 +50,31 @@ def loop_seed_generator():
     return _LOOP_SEED[0]
 
 
+def call_step(step_fn, tokens, state):
+    """`step_fn(tokens, state)` as `(logits, state, attention or None)`,
+    with its results checked."""
+    result = step_fn(ops.convert_to_tensor(tokens, "int32"), state)
+    if not isinstance(result, tuple) or len(result) not in (2, 3):
+        raise ValueError(
+            "decoding: `step_fn` must return (logits, state) or "
+            f"(logits, state, attention). Received: {type(result).__name__} "
+            f"of length {len(result) if isinstance(result, tuple) else 1}"
+        )
+    logits, state = result[0], result[1]
+    if len(logits.shape) != 2:
+        raise ValueError(
+            "decoding: `step_fn` logits must be (B, V). "
+            f"Received: logits.shape={tuple(logits.shape)}"
+        )
+    return logits, state, result[2] if len(result) == 3 else None
+
+
+def is_shared(leaf) -> bool:
+    """A state leaf without a batch axis (a Python number, a scalar tensor
+    such as a cache position): shared by all rows, never tiled."""
+    return not hasattr(leaf, "shape") or len(leaf.shape) == 0
+
+
 def decode(
     name, step_fn, state, start_ids, max_length, end_id, choose, key, seed
 ):
@@ -67,8 +93,66 @@ def decode(
     Returns:
         Int32 tensor `(B, max_length)`.
     """
-    from keras_attention.decoding import _call
+    tokens, state = _tensors(name, start_ids, state)
 
+    def build(variables, logits, attention):
+        return _build(step_fn, max_length, end_id, choose, variables)
+
+    program = _program(
+        name, step_fn, state, tokens, (max_length, end_id, key), build
+    )
+    loop_seed = loop_seed_generator()
+    seed_state = (seed if seed is not None else loop_seed).state.value
+    ids, seed_state = program(seed_state, state, tokens)
+    if seed is not None:
+        seed.state.assign(seed_state)
+    return ids
+
+
+def beam_decode(
+    step_fn,
+    state,
+    start_ids,
+    max_length,
+    beam_width,
+    end_id,
+    length_penalty,
+    coverage_penalty,
+):
+    """`beam_search`'s loop as one program, on a state already tiled to
+    `B·K` rows and `start_ids` `(B·K,)`.
+
+    Returns:
+        `(sequences, scores)`, int32 `(B, K, max_length)` and float32
+        `(B, K)`, best beam first.
+    """
+    name = "beam_search"
+    tokens, state = _tensors(name, start_ids, state)
+    options = (max_length, beam_width, end_id, length_penalty,
+               coverage_penalty)  # fmt: skip
+
+    def build(variables, logits, attention):
+        if logits[0][0] != tokens.shape[0]:
+            raise ValueError(
+                "beam_search: `step_fn` must return logits for the B·K = "
+                f"{tokens.shape[0]} rows of the tiled state; keep "
+                "per-example tensors in `state`, not in the closure. "
+                f"Received: logits.shape={logits[0]}"
+            )
+        if coverage_penalty and attention is None:
+            raise ValueError(
+                "beam_search: `coverage_penalty` needs a `step_fn` that "
+                "returns `(logits, state, attention)`. Received: a "
+                "step_fn returning 2 values"
+            )
+        source_length = attention[0][-1] if coverage_penalty else None
+        return _build_beam(step_fn, options, variables, source_length)
+
+    program = _program(name, step_fn, state, tokens, ("beam", options), build)
+    return program(state, tokens)
+
+
+def _tensors(name, start_ids, state):
     tokens = ops.cast(ops.convert_to_tensor(start_ids), "int32")
     if any(leaf is None for leaf in keras.tree.flatten(state)):
         raise ValueError(
@@ -76,26 +160,23 @@ def decode(
             "the `None` entries (or use `jit_compile=False`). Received: "
             f"state with None leaves: {state!r:.200}"
         )
-    state = keras.tree.map_structure(ops.convert_to_tensor, state)
-    signature = (
-        keras.tree.map_structure(_spec, state),
-        _spec(tokens),
-    )
-    cache_key = (step_fn, max_length, end_id, key, repr(signature))
+    return tokens, keras.tree.map_structure(ops.convert_to_tensor, state)
+
+
+def _program(name, step_fn, state, tokens, options, build):
+    """The program kept for this step function, options and input specs,
+    built by `build(variables, logits_spec, attention_spec)` when there
+    is none."""
+    signature = (keras.tree.map_structure(_spec, state), _spec(tokens))
+    cache_key = (step_fn, options, repr(signature))
     program = _PROGRAMS.get(cache_key)
     if program is None:
-        variables = _check_step(name, step_fn, state, tokens, _call)
-        program = _build(step_fn, max_length, end_id, choose, variables, _call)
+        program = build(*_check_step(name, step_fn, state, tokens))
         _PROGRAMS[cache_key] = program
         while len(_PROGRAMS) > _MAX_PROGRAMS:
             _PROGRAMS.popitem(last=False)
     _PROGRAMS.move_to_end(cache_key)
-    loop_seed = loop_seed_generator()
-    seed_state = (seed if seed is not None else loop_seed).state.value
-    ids, seed_state = program(seed_state, state, tokens)
-    if seed is not None:
-        seed.state.assign(seed_state)
-    return ids
+    return program
 
 
 def _spec(tensor):
@@ -114,12 +195,13 @@ class _ReadRecorder(keras.StatelessScope):
         return None
 
 
-def _check_step(name, step_fn, state, tokens, call):
+def _check_step(name, step_fn, state, tokens):
     """One eager step: the state must keep its structure, shapes and
     dtypes. Returns the Keras variables the step reads (they become
-    arguments of the JAX program)."""
+    arguments of the JAX program) and the specs of the logits and of the
+    attention it returns (`None` if it returns none)."""
     with _ReadRecorder() as recorder:
-        _, new_state, _ = call(step_fn, tokens, state)
+        logits, new_state, attention = call_step(step_fn, tokens, state)
     before = keras.tree.map_structure(_spec, state)
     try:
         after = keras.tree.map_structure(
@@ -137,14 +219,15 @@ def _check_step(name, step_fn, state, tokens, call):
             "`jit_compile=False`. Received: state "
             f"{_describe(before)} became {_describe(after)}"
         )
-    return list(recorder.read.values())
+    attention = None if attention is None else _spec(attention)
+    return list(recorder.read.values()), _spec(logits), attention
 
 
 def _describe(specs):
     return str(specs).replace("'", "")
 
 
-def _build(step_fn, max_length, end_id, choose, variables, call):
+def _build(step_fn, max_length, end_id, choose, variables):
     seed_variable = loop_seed_generator().state
     mapped = variables if runtime.programs_take_variables() else []
 
@@ -166,7 +249,7 @@ def _build(step_fn, max_length, end_id, choose, variables, call):
             mapping = [*zip(mapped, values, strict=True)]
             mapping.append((seed_variable, seed_state))
             with keras.StatelessScope(state_mapping=mapping) as scope:
-                logits, state, _ = call(step_fn, tokens, state)
+                logits, state, _ = call_step(step_fn, tokens, state)
                 tokens = ops.cast(choose(logits, step), "int32")
                 seed_state = scope.get_current_value(seed_variable)
             if end_id is not None:
@@ -187,3 +270,119 @@ def _build(step_fn, max_length, end_id, choose, variables, call):
         return compiled(values, seed_state, state, tokens)
 
     return program
+
+
+def _build_beam(step_fn, options, variables, source_length):
+    """The beam-search program: the host loop of `beam_search` in
+    `keras.ops`, scores in float32, inside one `ops.while_loop`."""
+    max_length, beams, end_id, alpha, beta = options
+    mapped = variables if runtime.programs_take_variables() else []
+    fill = 0 if end_id is None else end_id
+
+    def run(values, state, tokens):
+        batch = tokens.shape[0] // beams
+        rows = ops.arange(batch)[:, None]  # (B, 1)
+        # All beams start equal: only the first is expanded.
+        first = ops.arange(beams) == 0
+        totals = ops.tile(ops.where(first, 0.0, -np.inf)[None], (batch, 1))
+        lengths = ops.zeros((batch, beams), "int32")
+        finished = ops.zeros((batch, beams), "bool")
+        coverage = ops.zeros((batch, beams, source_length or 1), "float32")
+        sequences = ops.full((batch, beams, max_length), fill, "int32")
+
+        def cond(step, tokens, totals, lengths, finished, *rest):
+            going = step < max_length
+            if end_id is not None:
+                going = ops.logical_and(
+                    going, ops.logical_not(ops.all(finished))
+                )
+            return going
+
+        def body(step, tokens, totals, lengths, finished, coverage,
+                 sequences, state):  # fmt: skip
+            with keras.StatelessScope(
+                state_mapping=[*zip(mapped, values, strict=True)]
+            ):
+                logits, state, attention = call_step(step_fn, tokens, state)
+            log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+            log_probs = ops.reshape(log_probs, (batch, beams, -1))  # (B,K,V)
+            vocab = log_probs.shape[-1]
+            if end_id is not None:
+                # A finished beam only repeats the end id, at no cost.
+                only_end = ops.where(ops.arange(vocab) == end_id, 0.0, -np.inf)
+                log_probs = ops.where(finished[..., None], only_end, log_probs)
+            grown = ops.where(finished, lengths, lengths + 1)  # (B, K)
+            if beta:
+                attention = ops.reshape(
+                    ops.cast(attention, "float32"), (batch, beams, -1)
+                )  # (B, K, S)
+                coverage = coverage + ops.where(
+                    finished[..., None], 0.0, attention
+                )
+            candidates = totals[..., None] + log_probs  # (B, K, V)
+            scores = candidates / _length_penalty(grown, alpha)[..., None]
+            if beta:
+                scores = scores + beta * _coverage_score(coverage)[..., None]
+            best = ops.top_k(ops.reshape(scores, (batch, -1)), beams)[1]
+            best = ops.cast(best, "int32")  # (B, K)
+            parent, token = best // vocab, best % vocab  # (B, K)
+            totals = ops.take_along_axis(
+                ops.reshape(candidates, (batch, -1)), best, axis=1
+            )
+            lengths = ops.take_along_axis(grown, parent, axis=1)
+            finished = ops.take_along_axis(finished, parent, axis=1)
+            if end_id is not None:
+                finished = ops.logical_or(finished, token == end_id)
+            order = ops.reshape(rows * beams + parent, (-1,))  # (B·K,)
+            if beta:
+                coverage = _take_beams(coverage, order)  # (B, K, S)
+            sequences = ops.slice_update(
+                _take_beams(sequences, order), (0, 0, step), token[..., None]
+            )  # (B, K, L)
+            state = keras.tree.map_structure(
+                lambda x: x if is_shared(x) else ops.take(x, order, 0), state
+            )
+            tokens = ops.cast(ops.reshape(token, (-1,)), "int32")
+            return (step + 1, tokens, totals, lengths, finished, coverage,
+                    sequences, state)  # fmt: skip
+
+        loop_vars = (ops.convert_to_tensor(0, "int32"), tokens, totals,
+                     lengths, finished, coverage, sequences, state)  # fmt: skip
+        result = ops.while_loop(cond, body, loop_vars, max_length)
+        totals, lengths, coverage, sequences = (result[i] for i in (2, 3, 5, 6))
+        final = totals / _length_penalty(lengths, alpha)
+        if beta:
+            final = final + beta * _coverage_score(coverage)
+        final, ranking = ops.top_k(final, beams)  # best first, stable
+        ranking = ops.cast(ranking, "int32")
+        order = ops.reshape(rows * beams + ranking, (-1,))
+        return _take_beams(sequences, order), final
+
+    compiled = runtime.compile_function(run)
+
+    def program(state, tokens):
+        return compiled([v.value for v in mapped], state, tokens)
+
+    return program
+
+
+def _take_beams(tensor, order):
+    """`(B, K, ...)` with its `B·K` rows taken in `order` `(B·K,)`."""
+    shape = tensor.shape
+    rows = ops.take(ops.reshape(tensor, (-1, *shape[2:])), order, axis=0)
+    return ops.reshape(rows, shape)
+
+
+def _length_penalty(lengths, alpha):
+    """GNMT's `((5 + |Y|) / 6) ** alpha`."""
+    lengths = ops.cast(lengths, "float32")
+    if not alpha:
+        return ops.ones_like(lengths)
+    return ((5.0 + lengths) ** alpha) / (6.0**alpha)
+
+
+def _coverage_score(coverage):
+    """`Σ_i log min(coverage_i, 1)` over attended source positions."""
+    attended = coverage > 0
+    clipped = ops.minimum(ops.where(attended, coverage, 1.0), 1.0)
+    return ops.sum(ops.log(clipped), axis=-1)

@@ -30,6 +30,8 @@ import numpy as np
 from keras import ops
 
 from keras_attention import _compiled_decoding
+from keras_attention._compiled_decoding import call_step as _call
+from keras_attention._compiled_decoding import is_shared as _shared
 from keras_attention._kernels import runtime
 
 
@@ -204,6 +206,8 @@ def beam_search(
     length_penalty: float = 0.0,
     coverage_penalty: float = 0.0,
     return_all_beams: bool = False,
+    *,
+    jit_compile: bool = False,
 ):
     """Keeps the `beam_width` best partial sequences at every step.
 
@@ -235,6 +239,14 @@ def beam_search(
         length_penalty: float. α; 0 disables it. Defaults to `0.0`.
         coverage_penalty: float. β; 0 disables it. Defaults to `0.0`.
         return_all_beams: bool. Return every beam, best first.
+        jit_compile: bool. Run the whole search as one compiled program,
+            as in `greedy_search`: the same hypotheses and scores as the
+            Python loop, ranked in float32 (the Python loop ranks in
+            float64, so only candidates within float32 rounding of each
+            other can be ordered differently). Finished beams stay in
+            their slots and only repeat `end_id`, as in the Python loop;
+            the loop ends when every beam has finished. Defaults to
+            `False`.
 
     Returns:
         `(sequences, scores)`: int32 `(B, L)` and float32 `(B,)` for the
@@ -274,6 +286,20 @@ def beam_search(
         lambda x: x if _shared(x) else ops.repeat(x, beams, axis=0), state
     )  # (B·K, ...)
     tokens = np.repeat(start, beams)
+    if jit_compile:
+        sequences, final = _compiled_decoding.beam_decode(
+            step_fn,
+            state,
+            tokens,
+            max_length,
+            beams,
+            end_id,
+            length_penalty,
+            coverage_penalty,
+        )  # (B, K, L), (B, K)
+        if not return_all_beams:
+            sequences, final = sequences[:, 0], final[:, 0]
+        return sequences, final
     totals = np.full((batch, beams), -np.inf)
     totals[:, 0] = 0.0  # all beams start equal: expand only the first
     lengths = np.zeros((batch, beams), "int64")
@@ -391,12 +417,6 @@ def _sampler(temperature, top_k, top_p, seed):
     return choose
 
 
-def _shared(leaf) -> bool:
-    """A state leaf without a batch axis (a Python number, a scalar tensor
-    such as a cache position): shared by all rows, never tiled."""
-    return not hasattr(leaf, "shape") or len(leaf.shape) == 0
-
-
 def _check_batch_major(name, state, batch):
     """Every state leaf with a leading axis has `batch` rows: tiling a
     table `(V, V)` along its first axis would silently change it."""
@@ -437,23 +457,6 @@ def _decode(step_fn, state, start_ids, max_length, end_id, choose):
             break
     ids = np.stack([ops.convert_to_numpy(t) for t in generated], axis=1)
     return ops.convert_to_tensor(_pad(ids, max_length, end_id), "int32")
-
-
-def _call(step_fn, tokens, state):
-    result = step_fn(ops.convert_to_tensor(tokens, "int32"), state)
-    if not isinstance(result, tuple) or len(result) not in (2, 3):
-        raise ValueError(
-            "decoding: `step_fn` must return (logits, state) or "
-            f"(logits, state, attention). Received: {type(result).__name__} "
-            f"of length {len(result) if isinstance(result, tuple) else 1}"
-        )
-    logits, state = result[0], result[1]
-    if len(logits.shape) != 2:
-        raise ValueError(
-            "decoding: `step_fn` logits must be (B, V). "
-            f"Received: logits.shape={tuple(logits.shape)}"
-        )
-    return logits, state, result[2] if len(result) == 3 else None
 
 
 def _pad(ids, max_length, end_id):

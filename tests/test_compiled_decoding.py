@@ -9,6 +9,7 @@ from keras import ops
 from keras_attention import AttentionDecoder
 from keras_attention import BahdanauAttention
 from keras_attention import TransformerDecoderBlock
+from keras_attention.decoding import beam_search
 from keras_attention.decoding import clear_compiled_programs
 from keras_attention.decoding import greedy_search
 from keras_attention.decoding import sample
@@ -16,6 +17,7 @@ from tests.helpers import BACKEND
 from tests.helpers import rng
 from tests.helpers import to_numpy
 from tests.test_decoding import PrefixModel
+from tests.test_decoding import V
 
 # XLA's random bits differ from TensorFlow's own kernels: on TensorFlow a
 # compiled sampler is reproducible but does not draw the eager loop's tokens.
@@ -311,3 +313,93 @@ def test_a_tensor_temperature():
         jit_compile=True,
     )
     np.testing.assert_array_equal(to_numpy(first), to_numpy(again))
+
+
+def beam_both_ways(step, initial_state, starts, steps, **kwargs):
+    """Every beam and score from the Python loop and the compiled loop."""
+    results = [
+        beam_search(
+            step,
+            initial_state(),
+            starts,
+            steps,
+            return_all_beams=True,
+            jit_compile=jit_compile,
+            **kwargs,
+        )
+        for jit_compile in (False, True)
+    ]
+    return [tuple(to_numpy(x) for x in result) for result in results]
+
+
+@pytest.mark.parametrize(
+    "end_id, alpha, beta", [(None, 0.0, 0.0), (0, 0.8, 0.0), (0, 0.6, 0.4)]
+)
+def test_beam_search_compiled_equals_the_host_loop(end_id, alpha, beta):
+    """Four beams over five steps of a model whose logits and attention
+    depend on the whole prefix (so pruning and reordering matter): the
+    same hypotheses, in the same order, with the same scores."""
+    model = PrefixModel(2)
+    (python, python_scores), (compiled, compiled_scores) = beam_both_ways(
+        model.step,
+        lambda: model.initial_state(3),
+        np.array([0, 1, 2]),
+        5,
+        beam_width=4,
+        end_id=end_id,
+        length_penalty=alpha,
+        coverage_penalty=beta,
+    )
+    np.testing.assert_array_equal(compiled, python)
+    np.testing.assert_allclose(compiled_scores, python_scores, rtol=1e-5)
+    assert compiled.shape == (3, 4, 5)
+    if end_id is not None:  # some beams ended early and were padded
+        assert np.any(python[:, :, :-1] == end_id)
+
+
+def test_beam_search_compiled_with_a_kv_cache():
+    """A cached GQA + rotary decoder block with cross-attention: the cache
+    rows are reordered with the beams inside the program, and the shared
+    cache position is not tiled."""
+    model = CachedTransformer(seed=2)
+    starts = np.array([1, 4, 7], "int32")
+    (python, python_scores), (compiled, compiled_scores) = beam_both_ways(
+        model.step,
+        lambda: model.initial_state(6),
+        starts,
+        6,
+        beam_width=3,
+        end_id=2,
+        length_penalty=0.6,
+    )
+    np.testing.assert_array_equal(compiled, python)
+    np.testing.assert_allclose(compiled_scores, python_scores, rtol=1e-5)
+    best, score = beam_search(
+        model.step, model.initial_state(6), starts, 6, beam_width=3,
+        end_id=2, length_penalty=0.6, jit_compile=True,
+    )  # fmt: skip
+    np.testing.assert_array_equal(to_numpy(best), python[:, 0])
+    np.testing.assert_allclose(to_numpy(score), python_scores[:, 0], 1e-5)
+
+
+def test_beam_search_compiled_refuses_what_the_host_loop_refuses():
+    model = PrefixModel(0)
+
+    def two_outputs(ids, state):
+        return model.step(ids, state)[:2]
+
+    with pytest.raises(ValueError, match="`coverage_penalty` needs"):
+        beam_search(
+            two_outputs, model.initial_state(2), np.array([0, 1]), 3,
+            beam_width=2, coverage_penalty=0.5, jit_compile=True,
+        )  # fmt: skip
+    table = ops.zeros((2, V))  # per-example logits in the closure
+
+    def untiled(ids, state):
+        return table, state
+
+    with pytest.raises(ValueError, match=r"B·K = 4 rows.*\(2, 3\)"):
+        beam_search(
+            untiled, model.initial_state(2), np.array([0, 1]), 3,
+            beam_width=2, jit_compile=True,
+        )  # fmt: skip
