@@ -18,6 +18,10 @@ Loops (the `loop` field of each row):
   `CausalLM.generate` compiles it.
 * `python`: `greedy_search`'s Python loop driving a compiled step.
 
+Beam search (`name` `beam`: beam width 4, batch 8, 64 new tokens, our
+cached model) runs both ways too: `beam_search(..., jit_compile=True)`
+and its Python loop driving a compiled step.
+
 Compilation is `jax.jit` or `tf.function(jit_compile=True)`; PyTorch runs
 eagerly. The first generation (compilation) is not timed; then every
 variant is timed once per round, round after round, and the median is
@@ -38,9 +42,11 @@ from common import write
 from keras import ops
 
 import keras_attention as ka
+from keras_attention.decoding import beam_search
 from keras_attention.decoding import greedy_search
 
 VOCAB, D, HEADS, FFN, LAYERS = 1000, 256, 4, 1024, 2
+BEAM_WIDTH, BEAM_BATCH, BEAM_TOKENS = 4, 8, 64
 
 
 class Model:
@@ -133,6 +139,25 @@ def generator(model, loop, new_tokens):
     return generate
 
 
+def beam_generator(model, loop):
+    """`generate(batch)`: beam search over our cached model, as one
+    compiled program or as the Python loop driving a compiled step."""
+    step = model.step if loop == "compiled" else compiled(model.step)
+
+    def generate(batch):
+        return beam_search(
+            step,
+            model.initial_state(batch),
+            np.ones(batch, "int32"),
+            BEAM_TOKENS,
+            beam_width=BEAM_WIDTH,
+            length_penalty=0.6,
+            jit_compile=loop == "compiled",
+        )
+
+    return generate
+
+
 def keras_hub_generator(model, new_tokens):
     """keras-hub's `GreedySampler` compiled as `CausalLM.generate` compiles
     its loop: `jax.jit` with the weights passed in through a
@@ -189,6 +214,11 @@ def main():
             for batch in (1, 8):
                 wait_for(generate(batch))  # compiles; not timed
                 runs[(kind, loop, batch)] = generate
+    beam_model = Model("ours_cached", BEAM_TOKENS + 1)
+    for loop in ("compiled", "python"):
+        generate = beam_generator(beam_model, loop)
+        wait_for(generate(BEAM_BATCH))
+        runs[("beam", loop, BEAM_BATCH)] = generate
     # Round-robin: each round times every variant once, so that a change
     # in the machine's load falls on all of them alike.
     seconds = {key: [] for key in runs}
@@ -199,14 +229,17 @@ def main():
             seconds[(kind, loop, batch)].append(time.perf_counter() - start)
     rows = []
     for (kind, loop, batch), times in seconds.items():
-        rate = batch * new_tokens / float(np.median(times))
+        tokens = BEAM_TOKENS if kind == "beam" else new_tokens
+        rate = batch * tokens / float(np.median(times))
         rows.append(
             {"name": kind, "loop": loop, "batch": batch, "tokens_per_s": rate}
         )
         print(f"{kind:17s} {loop:8s} batch {batch}: {rate:8.0f} tok/s")
     write(
-        "generation", {"new_tokens": new_tokens, "rounds": rounds, "rows": rows}
-    )
+        "generation",
+        {"new_tokens": new_tokens, "beam_tokens": BEAM_TOKENS,
+         "rounds": rounds, "rows": rows},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

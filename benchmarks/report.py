@@ -133,8 +133,9 @@ def memory_section():
         "predicted peak (4x the previous length's) exceeds the "
         "budget given; *ratio* is ours over keras MHA.",
         "",
-        "| backend | T | ours | keras MHA | ratio |",
-        "| --- | --- | --- | --- | --- |",
+        "| backend | T | ours | keras MHA | ratio | ours, causal "
+        "| keras MHA, causal |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def cell(row):
@@ -148,9 +149,50 @@ def memory_section():
         rows = {(r["name"], r["T"]): r for r in data["rows"]}
         for t in sorted({r["T"] for r in data["rows"]}):
             ours, keras_mha = rows[("ours", t)], rows[("keras_mha", t)]
+            causal = [
+                cell(rows[(name, t)]) if (name, t) in rows else "-"
+                for name in ("ours_causal", "keras_mha_causal")
+            ]
             lines.append(
                 f"| {backend} | {t} | {cell(ours)} | {cell(keras_mha)} "
-                f"| {ratio(ours.get('peak_mib'), keras_mha.get('peak_mib'))} |"
+                f"| {ratio(ours.get('peak_mib'), keras_mha.get('peak_mib'))} "
+                f"| {causal[0]} | {causal[1]} |"
+            )
+    return [*lines, ""]
+
+
+def causal_section():
+    results = load("causal")
+    lines = [
+        "## Causal attention",
+        "",
+        "Milliseconds (median), B=4, D=512, 8 heads, float32. Training "
+        "steps of `MultiHeadSelfAttention` with `use_causal_mask=True` "
+        "(*ours causal*) and without (*ours full*), and of "
+        "`keras.layers.MultiHeadAttention(use_causal_mask=True)`; then the "
+        "attention kernel alone, forward and backward, against PyTorch's "
+        "`scaled_dot_product_attention(is_causal=True)` in the same "
+        "process. *vs keras* and *causal vs full* are speed-ups (above 1: "
+        "ours causal is faster); *vs torch* is our kernel's time over "
+        "PyTorch's.",
+        "",
+        "| backend | T | ours causal | ours full | keras MHA causal "
+        "| vs keras | causal vs full | our kernel | torch kernel "
+        "| vs torch |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for backend, data in results.items():
+        rows = {(r["name"], r["T"]): r["train_ms"] for r in data["rows"]}
+        for t in sorted({r["T"] for r in data["rows"]}):
+            ours, full = rows[("ours_causal", t)], rows[("ours_full", t)]
+            keras_mha = rows[("keras_mha_causal", t)]
+            kernel = rows[("ours_kernel_causal", t)]
+            torch_kernel = rows[("torch_sdpa_kernel_causal", t)]
+            lines.append(
+                f"| {backend} | {t} | {ours:.0f} | {full:.0f} "
+                f"| {keras_mha:.0f} | {ratio(keras_mha, ours)} "
+                f"| {ratio(full, ours)} | {kernel:.0f} | {torch_kernel:.0f} "
+                f"| {ratio(kernel, torch_kernel)} |"
             )
     return [*lines, ""]
 
@@ -189,6 +231,30 @@ def generation_section():
                     f"| {hub:.0f} | {uncached:.0f} | {ratio(ours, hub)} "
                     f"| {ratio(ours, uncached)} |"
                 )
+    lines += [
+        "",
+        "### Beam search",
+        "",
+        "Tokens per second (batch x new tokens / time), beam width 4, "
+        "batch 8, 64 new tokens, length penalty 0.6, the same model with "
+        "its KV cache. *Whole loop compiled* is `beam_search(..., "
+        "jit_compile=True)`; the *Python loop* ranks the beams in NumPy "
+        "and drives a compiled step.",
+        "",
+        "| backend | whole loop compiled | Python loop | speed-up |",
+        "| --- | --- | --- | --- |",
+    ]
+    for backend, data in results.items():
+        beam = {
+            r["loop"]: r["tokens_per_s"]
+            for r in data["rows"]
+            if r["name"] == "beam"
+        }
+        if beam:
+            lines.append(
+                f"| {backend} | {beam['compiled']:.0f} | {beam['python']:.0f} "
+                f"| {ratio(beam['compiled'], beam['python'])} |"
+            )
     return [*lines, ""]
 
 
@@ -217,6 +283,7 @@ def rnn_section():
 def main():
     lines = [INTRO.rstrip(), ""]
     lines += layers_section()
+    lines += causal_section()
     lines += memory_section()
     lines += generation_section()
     lines += rnn_section()

@@ -289,12 +289,14 @@ def scaled_dot_product_attention(
     Without `return_attention_scores` the computation takes the fastest
     exact path the backend has: PyTorch's fused kernel (and cuDNN's on a
     JAX GPU), or, on TensorFlow and JAX on CPU for 512 queries or more
-    and 256 keys or more, chunks of 256 queries recomputed in the backward
-    pass, so that memory grows with the sequence length, not its square.
-    Every path
-    gives the same outputs and gradients; the weights, when asked for,
-    come from the reference computation. On `keras.Input` tensors the
-    function builds an operation of a functional model.
+    and 256 keys or more, blockwise attention with an online softmax and
+    a backward pass that recomputes each block (as in FlashAttention), so
+    that memory grows with the sequence length, not its square. With
+    `is_causal=True` the blocks above the diagonal are skipped, which
+    saves about half of the work for `T = S`. Every path gives the same
+    outputs and gradients; the weights, when asked for, come from the
+    reference computation. On `keras.Input` tensors the function builds
+    an operation of a functional model.
 
     Args:
         query: tensor `(B, T, H)` or `(B, T, N, H)`.

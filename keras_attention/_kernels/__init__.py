@@ -6,8 +6,10 @@ what looks at the backend:
 * the paths of dot-product attention (`PATHS`), each a named function with
   the signature `path(query, key, value, mask, is_causal, scale,
   reference)`: `"reference"` (the math of `functional`, which returns the
-  weights too), `"chunked"` (query chunks, rematerialised for gradients:
-  memory O(chunk x S)) and `"fused"` (the backend's own kernel);
+  weights too), `"chunked"` (blocks of queries and keys with an online
+  softmax and a hand-written backward pass: memory O(block^2), causal
+  blocks above the diagonal skipped) and `"fused"` (the backend's own
+  kernel);
 * `select`, the rule that picks a path, and `force`, which overrides it
   (tests run every path on every backend through it);
 * the KV-cache write (`update_kv_cache`) and the pieces of running
@@ -15,8 +17,8 @@ what looks at the backend:
 
 A path is chosen only where it is faster than the reference and gives the
 reference's outputs and gradients: the fused kernel on PyTorch and on JAX
-with a GPU; query chunks for long sequences where no fused kernel runs
-(TensorFlow, JAX on CPU). Every path exists on every backend, so each can
+with a GPU; blockwise attention for long sequences where no fused kernel
+runs (TensorFlow, JAX on CPU). Every path exists on every backend, so each can
 be forced and checked everywhere.
 """
 
@@ -30,7 +32,7 @@ from keras_attention._kernels.chunked import chunked_attention
 from keras_attention._kernels.fused import fused_attention
 from keras_attention._kernels.runtime import static_int as static_int
 
-CHUNK_SIZE = 256  # query rows per chunk
+CHUNK_SIZE = 256  # query and key rows per block of the chunked path
 CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 
 
@@ -67,8 +69,8 @@ def force(path, chunk_size=None):
 
     Args:
         path: str. A name in `PATHS`, whatever the lengths or the device.
-        chunk_size: int, optional. Query rows per chunk of the chunked
-            path. Defaults to `CHUNK_SIZE`.
+        chunk_size: int, optional. Query and key rows per block of the
+            chunked path. Defaults to `CHUNK_SIZE`.
     """
     if path not in PATHS:
         raise ValueError(
