@@ -11,7 +11,9 @@ process:
   query, key and value): our `scaled_dot_product_attention(...,
   is_causal=True)`, compiled by the backend, against PyTorch's
   `torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)`
-  on the same CPU threads.
+  on the same CPU threads;
+* the throughput of the matmuls the blockwise kernel is made of, against
+  a square matmul and against PyTorch's on the same shapes.
 
     KERAS_BACKEND=jax python benchmarks/causal.py [--quick]
 """
@@ -21,6 +23,7 @@ import argparse
 import keras
 import numpy as np
 from common import BACKEND
+from common import compiled
 from common import median_seconds
 from common import write
 
@@ -107,6 +110,39 @@ def torch_kernel_step(length):
     return grads
 
 
+def matmul_profile():
+    """GFLOP/s of the matmuls the blockwise kernel runs (a batch of 32
+    query blocks of 256 rows against 256 keys, head dim 64) next to a
+    square 2048 matmul, compiled by this backend, and PyTorch's on the
+    same block shapes: where a kernel made of such matmuls can get."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    shapes = {
+        "matmul_square": ((2048, 2048), (2048, 2048)),
+        "matmul_logits_block": ((B * N, 256, H), (B * N, H, 256)),
+        "matmul_values_block": ((B * N, 256, 256), (B * N, 256, H)),
+    }
+    matmul = compiled(lambda x, y: keras.ops.matmul(x, y))
+    rows = []
+    for name, (a_shape, b_shape) in shapes.items():
+        a, b = (
+            rng.normal(size=s).astype("float32") for s in (a_shape, b_shape)
+        )
+        flops = 2 * np.prod(a_shape) * b_shape[-1]
+        x, y = keras.ops.convert_to_tensor(a), keras.ops.convert_to_tensor(b)
+        ours = median_seconds(lambda x=x, y=y: matmul(x, y), repeats=20)
+        tx, ty = torch.from_numpy(a), torch.from_numpy(b)
+        theirs = median_seconds(
+            lambda tx=tx, ty=ty: torch.matmul(tx, ty), repeats=20
+        )
+        rows.append({"name": name, "gflops": flops / ours / 1e9,
+                     "torch_gflops": flops / theirs / 1e9})  # fmt: skip
+        print(f"{name:20s} {flops / ours / 1e9:6.0f} GFLOP/s "
+              f"(PyTorch {flops / theirs / 1e9:6.0f})")  # fmt: skip
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -128,7 +164,9 @@ def main():
             seconds = median_seconds(step, repeats)
             rows.append({"T": length, "name": name, "train_ms": seconds * 1e3})
             print(f"T={length:5d} {name:24s} fwd+bwd {seconds * 1e3:9.1f} ms")
-    write("causal", {"B": B, "D": D, "N": N, "rows": rows})
+    profile = matmul_profile()
+    write("causal", {"B": B, "D": D, "N": N, "rows": rows,
+                     "matmul_profile": profile})  # fmt: skip
 
 
 if __name__ == "__main__":
