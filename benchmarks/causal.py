@@ -53,7 +53,8 @@ def layer_step_seconds(name, length, repeats):
 
 def kernel_step(length):
     """Forward and backward of our causal kernel on `(B, T, N, H)` heads,
-    compiled as the backend compiles a training step."""
+    compiled as Keras compiles a training step on CPU (`jax.jit`; a
+    TensorFlow graph without XLA)."""
     rng = np.random.default_rng(0)
     q, k, v, cotangent = (
         keras.ops.convert_to_tensor(
@@ -74,7 +75,7 @@ def kernel_step(length):
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        @tf.function(jit_compile=True)
+        @tf.function  # as Keras compiles a step on CPU: no XLA
         def grads(q, k, v):
             with tf.GradientTape() as tape:
                 tape.watch([q, k, v])

@@ -208,3 +208,32 @@ def test_causal_block_pairs_skip_the_upper_triangle(length, key_length, pairs):
         chunked._hide = original
     assert len(calls) == 2 * pairs  # each pair once forward, once backward
     assert all(j <= i for i, j in calls)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="only TensorFlow traces graphs whose batch size is unknown",
+)
+def test_chunked_path_in_a_graph_of_unknown_batch():
+    """Keras's TensorFlow trainer may retrace its step with the batch axis
+    unknown (`reduce_retracing`); the blockwise path runs there too."""
+    import tensorflow as tf
+
+    q, k, v, mask, _ = sdpa_inputs("gqa", "padding", 7, 6)
+    spec = [tf.TensorSpec((None, *x.shape[1:])) for x in (q, k, v)]
+    spec.append(tf.TensorSpec((None, *mask.shape[1:]), tf.bool))
+
+    @tf.function(input_signature=spec)
+    def attend(q, k, v, mask):
+        with _kernels.force("chunked", chunk_size=3):
+            return F.scaled_dot_product_attention(
+                q, k, v, mask=mask, is_causal=True
+            )
+
+    with _kernels.force("reference"):
+        want = F.scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=True
+        )
+    np.testing.assert_allclose(
+        attend(q, k, v, mask).numpy(), ops.convert_to_numpy(want), atol=1e-5
+    )

@@ -51,7 +51,7 @@ class _Plan:
     """The static facts of one call: shapes, blocks, dtypes, structure."""
 
     def __init__(self, query, key, value, mask, is_causal, scale, block):
-        self.batch, self.length, self.heads, head_dim = query.shape
+        _, self.length, self.heads, _ = query.shape
         self.key_length, self.kv_heads = key.shape[1], key.shape[2]
         self.groups = self.heads // self.kv_heads
         self.value_dim = value.shape[-1]
@@ -89,13 +89,13 @@ class _Plan:
         """`(B|1, N|1, T|1, S)` as `(B|1, K|1, G|1, T'|1, S')`, padded
         to whole blocks with hidden positions."""
         mask = ops.cast(mask, "bool")
-        mask_batch, mask_heads, mask_rows, _ = mask.shape
+        _, mask_heads, mask_rows, key_length = mask.shape
         if mask_heads == 1:
             mask = ops.expand_dims(mask, 1)  # (B|1, 1, 1, T|1, S)
         else:
             mask = ops.reshape(
                 mask,
-                (mask_batch, self.kv_heads, self.groups, mask_rows, -1),
+                (-1, self.kv_heads, self.groups, mask_rows, key_length),
             )  # (B|1, K, G, T|1, S)
         rows_pad = self._pad(self.length) if mask_rows != 1 else 0
         widths = [(0, 0)] * 3 + [(0, rows_pad), (0, self._pad(self.key_length))]
@@ -286,7 +286,7 @@ def _forward(plan, query, key, value, mask):
         ops.zeros((pairs, groups, rows, plan.value_dim), dtype),
         ops.zeros((pairs, groups, rows), dtype),
     )
-    return ops.fori_loop(0, plan.query_blocks, query_block, init)
+    return _fori_loop(0, plan.query_blocks, query_block, init)
 
 
 def _backward(plan, query, key, value, mask, outputs, lse, grad):
@@ -340,7 +340,23 @@ def _loop(start, end, body, carry, **flags):
     the range is statically empty."""
     if isinstance(start, int) and isinstance(end, int) and start >= end:
         return carry
-    return ops.fori_loop(start, end, lambda i, c: body(i, c, **flags), carry)
+    return _fori_loop(start, end, lambda i, c: body(i, c, **flags), carry)
+
+
+def _fori_loop(start, end, body, carry):
+    """`ops.fori_loop`, one iteration at a time on TensorFlow: a graph's
+    while loop otherwise runs up to ten iterations at once, each holding
+    its own copy of the whole-length buffers it updates."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.fori_loop(start, end, body, carry)
+    import tensorflow as tf
+
+    return tf.while_loop(
+        lambda i, carry: i < end,
+        lambda i, carry: (i + 1, body(i, carry)),
+        (start, carry),
+        parallel_iterations=1,
+    )[1]
 
 
 def _query_rows(tensor, index, block):
@@ -380,7 +396,7 @@ def _hide(plan, mask, i, j, logits, edge):
     c = plan.block
     visible = None
     if mask is not None:
-        b, k, g, rows, _ = mask.shape
+        b, k, g, rows, _ = ops.shape(mask)  # a batch may be unknown
         starts = (0, 0, 0, i * c if rows != 1 else 0, j * c)
         visible = ops.slice(mask, starts, (b, k, g, min(rows, c), c))
     keys = j * c + ops.arange(c)  # (C,) key positions
