@@ -83,6 +83,7 @@ def main():
                      "predicted_gib": predicted}
                 )  # fmt: skip
                 print(f"{name:10s} T={length}: not run, ~{predicted:.1f} GiB")
+                previous = predicted * 1024  # the next length grows from it
                 continue
             result = subprocess.run(
                 [sys.executable, __file__, "--child", name, str(length)],

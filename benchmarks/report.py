@@ -142,7 +142,7 @@ def memory_section():
         if row.get("peak_mib") is not None:
             return f"{row['peak_mib']:.0f}"
         if "predicted_gib" in row:
-            return f"not run (~{row['predicted_gib']:.0f} GiB)"
+            return f"not run (over ~{row['predicted_gib']:.0f} GiB)"
         return "failed"
 
     for backend, data in results.items():
