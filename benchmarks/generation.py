@@ -121,38 +121,23 @@ class Model:
         return self.head(x[:, 0]), {"caches": caches, "index": index + 1}
 
 
-def generator(model, loop, new_tokens):
-    """`generate(batch)` for one model and loop."""
+def generator(model, loop, new_tokens, beam=False):
+    """`generate(batch)` for one model and loop: greedy search, or beam
+    search (`BEAM_WIDTH` beams, length penalty 0.6) with `beam=True`."""
     if model.kind == "keras_hub_cached" and loop == "compiled":
         return keras_hub_generator(model, new_tokens)
     step = model.step if loop == "compiled" else compiled(model.step)
+    options = {"beam_width": BEAM_WIDTH, "length_penalty": 0.6} if beam else {}
+    search = beam_search if beam else greedy_search
 
     def generate(batch):
-        return greedy_search(
+        return search(
             step,
             model.initial_state(batch),
             np.ones(batch, "int32"),
             new_tokens,
             jit_compile=loop == "compiled",
-        )
-
-    return generate
-
-
-def beam_generator(model, loop):
-    """`generate(batch)`: beam search over our cached model, as one
-    compiled program or as the Python loop driving a compiled step."""
-    step = model.step if loop == "compiled" else compiled(model.step)
-
-    def generate(batch):
-        return beam_search(
-            step,
-            model.initial_state(batch),
-            np.ones(batch, "int32"),
-            BEAM_TOKENS,
-            beam_width=BEAM_WIDTH,
-            length_penalty=0.6,
-            jit_compile=loop == "compiled",
+            **options,
         )
 
     return generate
@@ -216,7 +201,7 @@ def main():
                 runs[(kind, loop, batch)] = generate
     beam_model = Model("ours_cached", BEAM_TOKENS + 1)
     for loop in ("compiled", "python"):
-        generate = beam_generator(beam_model, loop)
+        generate = generator(beam_model, loop, BEAM_TOKENS, beam=True)
         wait_for(generate(BEAM_BATCH))
         runs[("beam", loop, BEAM_BATCH)] = generate
     # Round-robin: each round times every variant once, so that a change

@@ -320,9 +320,12 @@ def _build_beam(step_fn, options, variables, source_length):
                     finished[..., None], 0.0, attention
                 )
             candidates = totals[..., None] + log_probs  # (B, K, V)
-            scores = candidates / _length_penalty(grown, alpha)[..., None]
+            scores = (
+                candidates
+                / length_penalty(ops.cast(grown, "float32"), alpha)[..., None]
+            )
             if beta:
-                scores = scores + beta * _coverage_score(coverage)[..., None]
+                scores = scores + beta * coverage_score(coverage)[..., None]
             best = ops.top_k(ops.reshape(scores, (batch, -1)), beams)[1]
             best = ops.cast(best, "int32")  # (B, K)
             parent, token = best // vocab, best % vocab  # (B, K)
@@ -350,9 +353,9 @@ def _build_beam(step_fn, options, variables, source_length):
                      lengths, finished, coverage, sequences, state)  # fmt: skip
         result = ops.while_loop(cond, body, loop_vars, max_length)
         totals, lengths, coverage, sequences = (result[i] for i in (2, 3, 5, 6))
-        final = totals / _length_penalty(lengths, alpha)
+        final = totals / length_penalty(ops.cast(lengths, "float32"), alpha)
         if beta:
-            final = final + beta * _coverage_score(coverage)
+            final = final + beta * coverage_score(coverage)
         final, ranking = ops.top_k(final, beams)  # best first, stable
         ranking = ops.cast(ranking, "int32")
         order = ops.reshape(rows * beams + ranking, (-1,))
@@ -373,16 +376,15 @@ def _take_beams(tensor, order):
     return ops.reshape(rows, shape)
 
 
-def _length_penalty(lengths, alpha):
-    """GNMT's `((5 + |Y|) / 6) ** alpha`."""
-    lengths = ops.cast(lengths, "float32")
-    if not alpha:
-        return ops.ones_like(lengths)
+def length_penalty(lengths, alpha):
+    """GNMT's `((5 + |Y|) / 6) ** alpha` on NumPy arrays (the Python loop,
+    in float64) or float tensors (the compiled loop); exactly 1 for
+    `alpha = 0`."""
     return ((5.0 + lengths) ** alpha) / (6.0**alpha)
 
 
-def _coverage_score(coverage):
-    """`Σ_i log min(coverage_i, 1)` over attended source positions."""
-    attended = coverage > 0
-    clipped = ops.minimum(ops.where(attended, coverage, 1.0), 1.0)
-    return ops.sum(ops.log(clipped), axis=-1)
+def coverage_score(coverage, xp=ops):
+    """`Σ_i log min(coverage_i, 1)` over attended source positions, with
+    `xp` `numpy` (the Python loop) or `keras.ops` (the compiled loop)."""
+    clipped = xp.minimum(xp.where(coverage > 0, coverage, 1.0), 1.0)
+    return xp.sum(xp.log(clipped), axis=-1)

@@ -31,7 +31,9 @@ from keras import ops
 
 from keras_attention import _compiled_decoding
 from keras_attention._compiled_decoding import call_step as _call
+from keras_attention._compiled_decoding import coverage_score as _coverage_score
 from keras_attention._compiled_decoding import is_shared as _shared
+from keras_attention._compiled_decoding import length_penalty as _length_penalty
 from keras_attention._kernels import runtime
 
 
@@ -339,7 +341,8 @@ def beam_search(
         scores = candidates / _length_penalty(grown, length_penalty)[..., None]
         if coverage_penalty:
             scores = (
-                scores + coverage_penalty * _coverage_score(coverage)[..., None]
+                scores
+                + coverage_penalty * _coverage_score(coverage, np)[..., None]
             )
         flat_scores = scores.reshape(batch, beams * vocab)
         best = np.argsort(-flat_scores, axis=-1, kind="stable")[:, :beams]
@@ -366,7 +369,7 @@ def beam_search(
             break
     final = totals / _length_penalty(lengths, length_penalty)
     if coverage_penalty:
-        final = final + coverage_penalty * _coverage_score(coverage)
+        final = final + coverage_penalty * _coverage_score(coverage, np)
     ranking = np.argsort(-final, axis=-1, kind="stable")
     rows = np.arange(batch)[:, None]
     sequences = _pad(sequences[rows, ranking], max_length, end_id)
@@ -474,19 +477,6 @@ def _log_softmax(logits):
     )
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def _length_penalty(lengths, alpha):
-    if not alpha:
-        return np.ones(lengths.shape)
-    return ((5.0 + lengths) ** alpha) / (6.0**alpha)
-
-
-def _coverage_score(coverage):
-    """`Σ_i log min(coverage_i, 1)` over attended source positions."""
-    attended = coverage > 0
-    logs = np.log(np.minimum(np.where(attended, coverage, 1.0), 1.0))
-    return logs.sum(axis=-1)
 
 
 def _keep_top_k(logits, k):
