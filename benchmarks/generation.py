@@ -20,7 +20,10 @@ Loops (the `loop` field of each row):
 
 Beam search (`name` `beam`: beam width 4, batch 8, 64 new tokens, our
 cached model) runs both ways too: `beam_search(..., jit_compile=True)`
-and its Python loop driving a compiled step.
+and its Python loop driving a compiled step. Next to it, `beam_floor`
+is compiled greedy search over as many rows as the beams (batch
+8 x 4 = 32) for as many tokens: the model's own arithmetic, which no
+beam search over this model can go below.
 
 Compilation is `jax.jit` or `tf.function(jit_compile=True)`; PyTorch runs
 eagerly. The first generation (compilation) is not timed; then every
@@ -204,6 +207,9 @@ def main():
         generate = generator(beam_model, loop, BEAM_TOKENS, beam=True)
         wait_for(generate(BEAM_BATCH))
         runs[("beam", loop, BEAM_BATCH)] = generate
+    floor = generator(beam_model, "compiled", BEAM_TOKENS)
+    wait_for(floor(BEAM_BATCH * BEAM_WIDTH))
+    runs[("beam_floor", "compiled", BEAM_BATCH * BEAM_WIDTH)] = floor
     # Round-robin: each round times every variant once, so that a change
     # in the machine's load falls on all of them alike.
     seconds = {key: [] for key in runs}
@@ -214,8 +220,11 @@ def main():
             seconds[(kind, loop, batch)].append(time.perf_counter() - start)
     rows = []
     for (kind, loop, batch), times in seconds.items():
-        tokens = BEAM_TOKENS if kind == "beam" else new_tokens
-        rate = batch * tokens / float(np.median(times))
+        tokens = BEAM_TOKENS if kind.startswith("beam") else new_tokens
+        # Beam rows count the tokens of the batch's sentences, not of
+        # every beam, so that the floor compares as the same output.
+        sentences = BEAM_BATCH if kind.startswith("beam") else batch
+        rate = sentences * tokens / float(np.median(times))
         rows.append(
             {"name": kind, "loop": loop, "batch": batch, "tokens_per_s": rate}
         )

@@ -268,9 +268,11 @@ def scaled_dot_product_attention(
     key,
     value,
     mask=None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
     return_attention_scores: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    segment_ids=None,
 ):
     """Scaled dot-product attention, `softmax(q kᵀ / sqrt(H)) v`.
 
@@ -293,10 +295,20 @@ def scaled_dot_product_attention(
     a backward pass that recomputes each block (as in FlashAttention), so
     that memory grows with the sequence length, not its square. With
     `is_causal=True` the blocks above the diagonal are skipped, which
-    saves about half of the work for `T = S`. Every path gives the same
-    outputs and gradients; the weights, when asked for, come from the
-    reference computation. On `keras.Input` tensors the function builds
-    an operation of a functional model.
+    saves about half of the work for `T = S`; a sliding window skips every
+    block outside it. Every path gives the same outputs and gradients; the
+    weights, when asked for, come from the reference computation. On
+    `keras.Input` tensors the function builds an operation of a
+    functional model.
+
+    Structure is given as arguments rather than as a dense mask, so that
+    each path applies it without an `O(T x S)` tensor where it can. Query
+    `i` stands at position `p = i` among the keys (top-left alignment) or
+    `p = i + S - T` (bottom-right: the queries are the last `T` of `S`
+    positions, as when new tokens attend to a KV cache). `is_causal` hides
+    the keys after `p`; `sliding_window` keeps a band of keys around `p`;
+    `segment_ids` keeps each query inside its own packed sequence. They
+    combine with each other and with `mask`.
 
     Args:
         query: tensor `(B, T, H)` or `(B, T, N, H)`.
@@ -306,12 +318,27 @@ def scaled_dot_product_attention(
             it broadcasts to `(B, T, S)`; for 4-D inputs it broadcasts to
             `(B, N, T, S)`, and a 3-D `(B, T, S)` mask is shared by all
             heads. Defaults to `None`.
-        is_causal: bool. Also hide keys after each query (query `i` sees
-            keys `j <= i`). Defaults to `False`.
+        is_causal: bool or str. Also hide the keys after each query's
+            position. `True` or `"top_left"`: query `i` sees keys
+            `j <= i` (as in `keras.ops.dot_product_attention`, PyTorch and
+            JAX). `"bottom_right"`: query `i` sees keys `j <= i + S - T`
+            (the queries are the last `T` positions). Defaults to `False`.
         scale: float, optional. Multiplies the logits. Defaults to
             `1 / sqrt(H)`.
         return_attention_scores: bool. Also return the attention weights.
             Defaults to `False`.
+        sliding_window: int or `(left, right)`, optional. Local attention
+            around each query's position `p` (aligned as `is_causal`
+            says; top-left without it). An int `w` keeps the `w` keys
+            `p - w < j <= p` (the query's own position and the `w - 1`
+            before it: a causal window, as in Mistral); a pair keeps
+            `p - left <= j <= p + right` (bidirectional local attention).
+            Defaults to `None` (no window).
+        segment_ids: int tensor `(B, T)`, or a pair `(query_ids (B, T),
+            key_ids (B, S))`, optional. Packed sequences: query `i` sees
+            key `j` only when their ids are equal; id `0` marks padding
+            (such keys are hidden, such queries get zeros). One tensor
+            serves queries and keys when `T = S`. Defaults to `None`.
 
     Returns:
         The output, `(B, T, V)` or `(B, T, N, V)`; with
@@ -338,37 +365,48 @@ def scaled_dot_product_attention(
     References:
         Vaswani et al., "Attention Is All You Need", 2017.
     """
-    if _any_symbolic(query, key, value, mask):
-        return _Attention(is_causal, scale, return_attention_scores)(
-            query, key, value, mask
+    segments = _segment_pair(segment_ids)
+    if _any_symbolic(query, key, value, mask, *segments):
+        _check_inputs(query, key, value, mask)
+        _kernels.structure.normalize(
+            _FN, query, key, is_causal, sliding_window, segment_ids
         )
+        operation = _Attention(
+            is_causal, scale, return_attention_scores, sliding_window
+        )
+        return operation(query, key, value, mask, *segments)
     query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
     mask = _check_inputs(query, key, value, mask)
+    structure = _kernels.structure.normalize(
+        _FN, query, key, is_causal, sliding_window, segment_ids
+    )
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     if mask is not None:
         mask = _expand_mask(mask, len(query.shape))  # the weights' rank
     if return_attention_scores:
-        causal_offset = 0 if is_causal else None
-        return _reference(query, key, value, mask, scale, causal_offset, True)
+        return _reference(query, key, value, mask, scale, structure, True)
     return _kernels.attention(
-        query, key, value, mask, is_causal, scale, reference=_reference
+        query, key, value, mask, structure, scale, reference=_reference
     )
 
 
-def _reference(
-    query, key, value, mask, scale, causal_offset=None, with_weights=False
-):
-    """The reference path: the whole weight matrix, then the values.
+def _segment_pair(segment_ids):
+    """`(query_ids, key_ids)`, each a tensor or `None`."""
+    if isinstance(segment_ids, (tuple, list)) and len(segment_ids) == 2:
+        return tuple(segment_ids)
+    return segment_ids, None
 
-    `causal_offset`, if not `None`, is the position of the first query
-    among the keys (query `i` sees keys `j <= i + causal_offset`).
-    """
-    if causal_offset is not None:
-        causal = causal_mask(
-            ops.shape(query)[1], ops.shape(key)[1], offset=causal_offset
-        )  # (T, S)
-        mask = merge_masks(mask, causal)
+
+def _reference(
+    query, key, value, mask, scale, structure=None, with_weights=False
+):
+    """The reference path: the whole weight matrix, then the values, with
+    the structure (a `_kernels.structure.Structure`) as a dense mask."""
+    if structure is not None:
+        dense = structure.dense_mask(ops.shape(query)[1], ops.shape(key)[1])
+        if dense is not None:
+            mask = merge_masks(mask, _expand_mask(dense, len(query.shape)))
     weights = attention_weights(query, key, mask, scale)
     output = attend(weights, value)
     return (output, weights) if with_weights else output
@@ -382,13 +420,21 @@ class _Attention(keras.Operation):
     model: traced on `keras.Input` by its output spec, run on the path the
     dispatch picks when the model is called."""
 
-    def __init__(self, is_causal, scale, return_attention_scores, name=None):
+    def __init__(
+        self,
+        is_causal,
+        scale,
+        return_attention_scores,
+        sliding_window=None,
+        name=None,
+    ):
         super().__init__(name=name)
         self.is_causal = is_causal
         self.scale = scale
         self.return_attention_scores = return_attention_scores
+        self.sliding_window = sliding_window
 
-    def call(self, query, key, value, mask=None):
+    def call(self, query, key, value, mask=None, query_ids=None, key_ids=None):
         return scaled_dot_product_attention(
             query,
             key,
@@ -397,10 +443,22 @@ class _Attention(keras.Operation):
             is_causal=self.is_causal,
             scale=self.scale,
             return_attention_scores=self.return_attention_scores,
+            sliding_window=self.sliding_window,
+            segment_ids=_segment_argument(query_ids, key_ids),
         )
 
-    def compute_output_spec(self, query, key, value, mask=None):
+    def compute_output_spec(
+        self, query, key, value, mask=None, query_ids=None, key_ids=None
+    ):
         _check_inputs(query, key, value, mask)
+        _kernels.structure.normalize(
+            _FN,
+            query,
+            key,
+            self.is_causal,
+            self.sliding_window,
+            _segment_argument(query_ids, key_ids),
+        )
         output = keras.KerasTensor(
             (*query.shape[:-1], value.shape[-1]),
             dtype=keras.backend.standardize_dtype(value.dtype),
@@ -421,7 +479,13 @@ class _Attention(keras.Operation):
             "is_causal": self.is_causal,
             "scale": self.scale,
             "return_attention_scores": self.return_attention_scores,
+            "sliding_window": self.sliding_window,
         }
+
+
+def _segment_argument(query_ids, key_ids):
+    """`segment_ids` as the user gave it: one tensor, a pair or `None`."""
+    return query_ids if key_ids is None else (query_ids, key_ids)
 
 
 def _any_symbolic(*tensors) -> bool:

@@ -60,6 +60,39 @@ def np_sdpa(q, k, v, mask=None, causal=False, scale=None):
     return out, weights
 
 
+def np_structure_mask(
+    batch, t, s, is_causal=False, sliding_window=None, segment_ids=None
+):
+    """Reference `(B, T, S)` visibility of the structural arguments of
+    `scaled_dot_product_attention`, written position by position."""
+    offset = s - t if is_causal == "bottom_right" else 0
+    if sliding_window is None:
+        left = right = None
+    elif isinstance(sliding_window, int):
+        left, right = sliding_window - 1, 0
+    else:
+        left, right = sliding_window
+    if segment_ids is not None and not isinstance(segment_ids, tuple):
+        segment_ids = (segment_ids, segment_ids)
+    visible = np.ones((batch, t, s), bool)
+    for b in range(batch):
+        for i in range(t):
+            p = i + offset  # the query's position among the keys
+            for j in range(s):
+                if is_causal and j > p:
+                    visible[b, i, j] = False
+                if left is not None and j < p - left:
+                    visible[b, i, j] = False
+                if right is not None and j > p + right:
+                    visible[b, i, j] = False
+                if segment_ids is not None:
+                    query_id = segment_ids[0][b][i]
+                    key_id = segment_ids[1][b][j]
+                    if key_id == 0 or query_id != key_id:
+                        visible[b, i, j] = False
+    return visible
+
+
 def gradient(fn, x):
     """d sum(fn(x)) / dx on the active backend, as NumPy."""
     if BACKEND == "jax":

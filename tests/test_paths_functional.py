@@ -22,6 +22,7 @@ from tests.autodiff import cotangents
 from tests.autodiff import np_sdpa_grads
 from tests.autodiff import path_context
 from tests.autodiff import value_and_grads
+from tests.helpers import np_structure_mask
 from tests.helpers import rng
 
 SDPA_LAYOUTS = {  # query shape, key shape, value dim
@@ -52,22 +53,32 @@ def sdpa_inputs(layout, mask_kind, length=None, key_length=None, seed=0):
     return q, k, v, mask, "causal" in mask_kind
 
 
-def sdpa_function(path, dtype, mask, causal, shapes):
-    """`fn(q, k, v)` computing attention in `dtype` on `path`."""
+def sdpa_function(path, dtype, mask, causal, shapes, segment_ids=None, **kw):
+    """`fn(q, k, v)` computing attention in `dtype` on `path`; `kw` are
+    further arguments (`sliding_window`)."""
     if path == "symbolic":
         inputs = [keras.Input(shape[1:]) for shape in shapes]
-        mask_input = None
-        if mask is not None:
-            mask_input = keras.Input(mask.shape[1:], dtype="bool")
+        # Constant tensors (the mask, segment ids) enter as model inputs.
+        constants = [mask] if mask is not None else []
+        ids = segment_ids
+        if ids is not None:
+            ids = list(ids) if isinstance(ids, tuple) else [ids]
+            constants += ids
+        extra = [keras.Input(np.shape(x)[1:], dtype=x.dtype) for x in constants]
         cast = [ops.cast(x, dtype) for x in inputs]
+        if ids is not None:
+            ids = extra[-len(ids) :]
+            ids = tuple(ids) if len(ids) == 2 else ids[0]
         out = F.scaled_dot_product_attention(
-            *cast, mask=mask_input, is_causal=causal
+            *cast,
+            mask=extra[0] if mask is not None else None,
+            is_causal=causal,
+            segment_ids=ids,
+            **kw,
         )
-        model = keras.Model(
-            inputs + ([mask_input] if mask is not None else []), out
-        )
-        extra = [ops.convert_to_tensor(mask)] if mask is not None else []
-        return lambda *qkv: model([*map(ops.convert_to_tensor, qkv), *extra])
+        model = keras.Model(inputs + extra, out)
+        values = [ops.convert_to_tensor(x) for x in constants]
+        return lambda *qkv: model([*map(ops.convert_to_tensor, qkv), *values])
 
     def fn(q, k, v):
         with path_context(path):
@@ -75,24 +86,35 @@ def sdpa_function(path, dtype, mask, causal, shapes):
                 *(ops.cast(x, dtype) for x in (q, k, v)),
                 mask=mask,
                 is_causal=causal,
+                segment_ids=segment_ids,
+                **kw,
             )
 
     return fn
 
 
-def check_sdpa(cases, q, k, v, mask, causal):
+def check_sdpa(cases, q, k, v, mask, causal, **structure):
     """Checks `(what, path, dtype)` cases on the same inputs, all in one
-    differentiated program (one compilation on JAX, not one per case)."""
+    differentiated program (one compilation on JAX, not one per case).
+    `structure` are further arguments (`sliding_window`, `segment_ids`),
+    checked against `np_structure_mask`."""
     shapes = (q.shape, k.shape, v.shape)
-    fns = [sdpa_function(p, d, mask, causal, shapes) for _, p, d in cases]
+    fns = [
+        sdpa_function(p, d, mask, causal, shapes, **structure)
+        for _, p, d in cases
+    ]
 
     def every_case(*qkvs):
         return [fn(*qkvs[3 * i : 3 * i + 3]) for i, fn in enumerate(fns)]
 
     outputs, grads, _ = value_and_grads(every_case, [q, k, v] * len(cases))
     seeds = cotangents([o.shape for o in outputs])
+    visible = np_structure_mask(q.shape[0], q.shape[1], k.shape[1], causal,
+                                **structure)  # fmt: skip
+    if mask is not None:
+        visible = visible & np.broadcast_to(mask, visible.shape)
     for i, (what, _, dtype) in enumerate(cases):
-        out, dq, dk, dv = np_sdpa_grads(q, k, v, mask, causal, seeds[i])
+        out, dq, dk, dv = np_sdpa_grads(q, k, v, visible, False, seeds[i])
         assert_close(
             what,
             dtype,
@@ -166,48 +188,6 @@ def test_chunked_blocks_with_more_keys_than_queries(mask_kind):
         for dtype in ("float32", "bfloat16")
     ]
     check_sdpa(cases, q, k, v, mask, causal)
-
-
-@pytest.mark.parametrize(
-    "length, key_length, pairs",
-    [
-        (10, 10, 10),  # 4 x 4 blocks: the lower triangle, 10 of 16
-        (10, 4, 7),  # more queries: the last ones see every key block
-        (4, 10, 3),  # more keys: blocks 2 and 3 are seen by none
-    ],
-)
-def test_causal_block_pairs_skip_the_upper_triangle(length, key_length, pairs):
-    """The block pairs each pass visits, hand-counted for blocks of 3;
-    on PyTorch, whose loops run eagerly, also the pairs computed."""
-    from keras_attention._kernels import chunked
-
-    shape = (1, length, 1, 2), (1, key_length, 1, 2)
-    q, k = ops.zeros(shape[0]), ops.zeros(shape[1])
-    plan = chunked._Plan(q, k, k, None, True, 1.0, 3)
-    forward = [plan.key_range(i) for i in range(plan.query_blocks)]
-    backward = [plan.query_range(j) for j in range(plan.key_blocks)]
-    assert sum(max(end - start, 0) for start, end in forward) == pairs
-    assert sum(max(end - start, 0) for start, end in backward) == pairs
-    full = chunked._Plan(q, k, k, None, False, 1.0, 3)
-    visited = [full.key_range(i) for i in range(full.query_blocks)]
-    assert sum(end - start for start, end in visited) == (
-        full.query_blocks * full.key_blocks
-    )
-    if keras.backend.backend() != "torch":
-        return
-    calls = []
-    original = chunked._hide
-    try:
-        chunked._hide = lambda *args: calls.append(args[2:4]) or original(*args)
-        q = ops.convert_to_tensor(rng(0).standard_normal(shape[0]), "float32")
-        q.requires_grad_()
-        with _kernels.force("chunked", chunk_size=3):
-            out = F.scaled_dot_product_attention(q, k, k, is_causal=True)
-        out.sum().backward()
-    finally:
-        chunked._hide = original
-    assert len(calls) == 2 * pairs  # each pair once forward, once backward
-    assert all(j <= i for i, j in calls)
 
 
 @pytest.mark.skipif(

@@ -4,12 +4,14 @@
 what looks at the backend:
 
 * the paths of dot-product attention (`PATHS`), each a named function with
-  the signature `path(query, key, value, mask, is_causal, scale,
+  the signature `path(query, key, value, mask, structure, scale,
   reference)`: `"reference"` (the math of `functional`, which returns the
   weights too), `"chunked"` (blocks of queries and keys with an online
-  softmax and a hand-written backward pass: memory O(block^2), causal
-  blocks above the diagonal skipped) and `"fused"` (the backend's own
-  kernel);
+  softmax and a hand-written backward pass: memory O(block^2), the
+  blocks that causal or windowed structure leaves empty skipped) and
+  `"fused"` (the backend's own kernel);
+* `structure`: the structural arguments (`is_causal`, `sliding_window`,
+  `segment_ids`) checked and normalised once, for every path to lower;
 * `select`, the rule that picks a path, and `force`, which overrides it
   (tests run every path on every backend through it);
 * the KV-cache write (`update_kv_cache`) and the pieces of running
@@ -27,6 +29,7 @@ import functools
 
 import keras
 
+from keras_attention._kernels import structure as structure
 from keras_attention._kernels.cache import update_kv_cache as update_kv_cache
 from keras_attention._kernels.chunked import chunked_attention
 from keras_attention._kernels.fused import fused_attention
@@ -36,18 +39,18 @@ CHUNK_SIZE = 256  # query and key rows per block of the chunked path
 CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 
 
-def reference_attention(query, key, value, mask, is_causal, scale, reference):
+def reference_attention(query, key, value, mask, structure, scale, reference):
     """The reference math of `functional`, on the whole `(T, S)` matrix."""
-    return reference(query, key, value, mask, scale, 0 if is_causal else None)
+    return reference(query, key, value, mask, scale, structure)
 
 
-def _chunked(query, key, value, mask, is_causal, scale, reference):
+def _chunked(query, key, value, mask, structure, scale, reference):
     return chunked_attention(
         query,
         key,
         value,
         mask,
-        is_causal,
+        structure,
         scale,
         reference,
         chunk_size=_forced["chunk_size"] or CHUNK_SIZE,
@@ -102,7 +105,7 @@ def select(query, key) -> str:
     return "reference"
 
 
-def attention(query, key, value, mask, is_causal, scale, reference):
+def attention(query, key, value, mask, structure, scale, reference):
     """Dot-product attention on the selected path.
 
     Args:
@@ -110,12 +113,11 @@ def attention(query, key, value, mask, is_causal, scale, reference):
             `(B, T, N, H)`, `(B, S, K, H)`, `(B, S, K, V)`.
         mask: boolean tensor of the weights' rank (`(B|1, T|1, S)` or
             `(B|1, N|1, T|1, S)`) or `None`.
-        is_causal: bool. Top-left causal masking (query `i` sees `j <= i`),
-            on top of `mask`.
+        structure: `structure.Structure`. Causal, windowed and segment
+            structure, on top of `mask`.
         scale: float. Multiplies the logits.
         reference: the reference math, `reference(query, key, value, mask,
-            scale, causal_offset)`, `causal_offset` `None` or the position
-            of the first query.
+            scale, structure)`.
 
     Returns:
         The output, `(B, T, V)` or `(B, T, N, V)`.
@@ -123,7 +125,7 @@ def attention(query, key, value, mask, is_causal, scale, reference):
     path = select(query, key)
     if path == "chunked" and None in (query.shape[1], key.shape[1]):
         path = "reference"  # blocks need known lengths
-    return PATHS[path](query, key, value, mask, is_causal, scale, reference)
+    return PATHS[path](query, key, value, mask, structure, scale, reference)
 
 
 @functools.cache

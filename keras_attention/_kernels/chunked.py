@@ -10,10 +10,13 @@ it keeps only the output and the log-sum-exp of each row from the
 forward pass and recomputes each block's logits once, so a training step
 holds `O(B x N x C^2)` attention buffers beyond its inputs and outputs.
 
-Block pairs that the causal structure leaves empty are never computed:
-with `is_causal`, query block `i` visits key blocks `0..i` only, and the
-backward pass visits, for key block `j`, query blocks `j..` only, which
-skips about half of the work for `T = S`.
+Block pairs that the structure leaves empty are never computed: with a
+top-left causal structure, query block `i` visits key blocks `0..i`
+only, and the backward pass visits, for key block `j`, query blocks
+`j..` only, which skips about half of the work for `T = S`; only the
+diagonal block applies the causal condition. Any other band (bottom-right
+alignment, a sliding window) visits the key blocks the band reaches and
+applies the band, the padded keys and the segment ids in every block.
 
 Shape legend: B batch, T query length, S key length, C block rows,
 N query heads, K key/value heads, G = N // K queries per key/value head,
@@ -23,15 +26,17 @@ H head dim, V value head dim, P = B x K.
 import keras
 from keras import ops
 
+from keras_attention._kernels.structure import segments_visible
+
 
 def chunked_attention(
-    query, key, value, mask, is_causal, scale, reference, chunk_size
+    query, key, value, mask, structure, scale, reference, chunk_size
 ):
     """Attention over blocks of `chunk_size` queries and keys.
 
     `mask` has the weights' rank (`(B|1, T|1, S)` for 3-D inputs,
-    `(B|1, N|1, T|1, S)` for 4-D) or is `None`; `is_causal` (query `i`
-    sees keys `j <= i`) may come with it, and is what lets blocks be
+    `(B|1, N|1, T|1, S)` for 4-D) or is `None`; `structure` (a
+    `structure.Structure`) may come with it, and is what lets blocks be
     skipped. `reference` is unused: the blocks compute the same math.
     """
     del reference
@@ -40,8 +45,8 @@ def chunked_attention(
         query, key, value = (ops.expand_dims(x, 2) for x in (query, key, value))
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B|1, 1, T|1, S)
-    plan = _Plan(query, key, value, mask, is_causal, scale, chunk_size)
-    output = _with_gradient(plan)(query, key, value, plan.mask)
+    plan = _Plan(query, key, value, mask, structure, scale, chunk_size)
+    output = _with_gradient(plan)(query, key, value, plan.tensors)
     if single_head:
         output = ops.squeeze(output, 2)  # (B, T, V)
     return output
@@ -50,7 +55,7 @@ def chunked_attention(
 class _Plan:
     """The static facts of one call: shapes, blocks, dtypes, structure."""
 
-    def __init__(self, query, key, value, mask, is_causal, scale, block):
+    def __init__(self, query, key, value, mask, structure, scale, block):
         _, self.length, self.heads, _ = query.shape
         self.key_length, self.kv_heads = key.shape[1], key.shape[2]
         self.groups = self.heads // self.kv_heads
@@ -58,7 +63,11 @@ class _Plan:
         self.block = block
         self.query_blocks = -(-self.length // block)
         self.key_blocks = -(-self.key_length // block)
-        self.is_causal = is_causal
+        self.structure = structure
+        # Top-left causal: only the diagonal block needs the condition.
+        self.is_causal = structure.is_top_left_causal
+        # Any other structure: applied in every block visited.
+        self.general = not structure.is_empty and not self.is_causal
         self.scale = scale
         self.dtypes = tuple(
             keras.backend.standardize_dtype(x.dtype)
@@ -68,22 +77,61 @@ class _Plan:
         self.compute_dtype = "float32" if half else self.dtypes[0]
         # Below every real logit, and safe to subtract from in float32.
         self.negative = -1e30
-        self.mask = None if mask is None else self._blocked_mask(mask)
+        self.tensors = (
+            None if mask is None else self._blocked_mask(mask),
+            *self._blocked_segments(structure),
+        )
+        padded = self.key_length % block != 0
         # The last key block a query block sees: its causal diagonal, and
         # the one with the padded keys.
-        self.key_edge = _Edge(is_causal, self.key_length % block != 0)
+        self.key_edge = _Edge(causal=self.is_causal, padded=padded)
+        # Every block of a general structure.
+        self.full_edge = _Edge(
+            padded=padded,
+            band=structure.has_band,
+            segments=structure.has_segments,
+        )
 
     def key_range(self, i):
-        """Key blocks `[0, end)` that query block `i` can see."""
-        if not self.is_causal:
-            return 0, self.key_blocks
-        return 0, _minimum(i + 1, self.key_blocks)
+        """Key blocks `[start, end)` that query block `i` can see (an
+        empty range when `end <= start`)."""
+        if self.is_causal:
+            return 0, _minimum(i + 1, self.key_blocks)
+        c, band = self.block, self.structure
+        start, end = 0, self.key_blocks
+        if band.left is not None:
+            first = i * c + band.offset - band.left  # first row's first key
+            start = _clip(_floor_divide(first, c), 0, self.key_blocks)
+        if band.right is not None:
+            last = i * c + c - 1 + band.offset + band.right
+            end = _clip(_floor_divide(last, c) + 1, 0, self.key_blocks)
+        return start, end
 
     def query_range(self, j):
         """Query blocks `[start, end)` that can see key block `j`."""
-        if not self.is_causal:
-            return 0, self.query_blocks
-        return _minimum(j, self.query_blocks), self.query_blocks
+        if self.is_causal:
+            return _minimum(j, self.query_blocks), self.query_blocks
+        c, band = self.block, self.structure
+        start, end = 0, self.query_blocks
+        if band.right is not None:
+            first = j * c - band.right - band.offset
+            start = _clip(_floor_divide(first, c), 0, self.query_blocks)
+        if band.left is not None:
+            last = j * c + c - 1 + band.left - band.offset
+            end = _clip(_floor_divide(last, c) + 1, 0, self.query_blocks)
+        return start, end
+
+    def _blocked_segments(self, structure):
+        """Query and key segment ids `(B, T')`, `(B, S')`, padded with 0
+        (hidden), or `None` twice."""
+        if not structure.has_segments:
+            return None, None
+        return (
+            ops.pad(structure.query_segments, [(0, 0), (0, self._pad(
+                self.length))]),
+            ops.pad(structure.key_segments, [(0, 0), (0, self._pad(
+                self.key_length))]),
+        )  # fmt: skip
 
     def _blocked_mask(self, mask):
         """`(B|1, N|1, T|1, S)` as `(B|1, K|1, G|1, T'|1, S')`, padded
@@ -111,20 +159,31 @@ def _minimum(a, b):
     return ops.minimum(a, b)
 
 
-def _with_gradient(plan):
-    """`fn(query, key, value, mask)`: the attention output `(B, T, N, V)`,
-    differentiated by `_backward` on every backend."""
+def _floor_divide(a, b):
+    return a // b if isinstance(a, int) else ops.floor_divide(a, b)
 
-    def forward(query, key, value, mask):
+
+def _clip(x, low, high):
+    if isinstance(x, int):
+        return min(max(x, low), high)
+    return ops.clip(x, low, high)
+
+
+def _with_gradient(plan):
+    """`fn(query, key, value, tensors)`: the attention output
+    `(B, T, N, V)`, differentiated by `_backward` on every backend.
+    `tensors` are the plan's blocked mask and segment ids."""
+
+    def forward(query, key, value, tensors):
         query, key, value = _to_blocks(plan, query, key, value)
-        outputs, lse = _forward(plan, query, key, value, mask)
+        outputs, lse = _forward(plan, query, key, value, tensors)
         output = _from_query_blocks(plan, outputs, plan.dtypes[2])
         return output, (query, key, value, outputs, lse)
 
-    def backward(mask, residuals, grad):
+    def backward(tensors, residuals, grad):
         query, key, value, outputs, lse = residuals
         grad = _query_blocks(plan, ops.cast(grad, plan.compute_dtype))
-        grads = _backward(plan, query, key, value, mask, outputs, lse, grad)
+        grads = _backward(plan, query, key, value, tensors, outputs, lse, grad)
         grad_query, grad_key, grad_value = grads
         return (
             _from_query_blocks(plan, grad_query * plan.scale, plan.dtypes[0]),
@@ -136,9 +195,9 @@ def _with_gradient(plan):
 
 
 def _custom_gradient(forward, backward):
-    """`fn(query, key, value, mask)` whose value is `forward(...)[0]` and
-    whose gradients are `backward(mask, residuals, grad)`; the mask gets
-    none."""
+    """`fn(query, key, value, tensors)` whose value is `forward(...)[0]`
+    and whose gradients are `backward(tensors, residuals, grad)`; the
+    tensors (mask, segment ids) get none."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
@@ -237,7 +296,7 @@ def _from_key_blocks(plan, tensor, dtype):
     return ops.cast(ops.transpose(tensor, (0, 2, 1, 3)), dtype)
 
 
-def _forward(plan, query, key, value, mask):
+def _forward(plan, query, key, value, tensors):
     """Outputs `(P, G, T', V)` and row log-sum-exps `(P, G, T')`, both in
     the compute dtype, from blocked inputs (see `_to_blocks`)."""
     c, groups, dtype = plan.block, plan.groups, plan.compute_dtype
@@ -251,7 +310,7 @@ def _forward(plan, query, key, value, mask):
             running_max, total, acc = state
             k, v = _key_rows(key, j, c), _key_rows(value, j, c)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
-            logits = _hide(plan, mask, i, j, logits, edge)
+            logits = _hide(plan, tensors, i, j, logits, edge)
             new_max = ops.maximum(running_max, ops.max(logits, axis=-1))
             # Rows with no visible key yet subtract 0, so that their hidden
             # logits still give exp(-1e30) = 0.
@@ -268,11 +327,13 @@ def _forward(plan, query, key, value, mask):
             ops.zeros(shape, dtype),
             ops.zeros((*shape, plan.value_dim), dtype),
         )
-        (start, end), edge = plan.key_range(i), plan.key_edge
-        state = _loop(
-            start, end - 1, key_block, state, edge=_Edge(False, False)
-        )
-        running_max, total, acc = key_block(end - 1, state, edge=edge)
+        start, end = plan.key_range(i)
+        if plan.general:
+            state = _loop(start, end, key_block, state, edge=plan.full_edge)
+        else:
+            state = _loop(start, end - 1, key_block, state, edge=_Edge())
+            state = key_block(end - 1, state, edge=plan.key_edge)
+        running_max, total, acc = state
         seen = total > 0  # a row with no visible key gives zeros
         safe_total = ops.where(seen, total, ops.ones_like(total))
         out = ops.where(seen[..., None], acc / safe_total[..., None], 0.0)
@@ -289,7 +350,7 @@ def _forward(plan, query, key, value, mask):
     return _fori_loop(0, plan.query_blocks, query_block, init)
 
 
-def _backward(plan, query, key, value, mask, outputs, lse, grad):
+def _backward(plan, query, key, value, tensors, outputs, lse, grad):
     """Gradients of the blocked query, key and value (the query's without
     the scale), in the compute dtype."""
     c, groups = plan.block, plan.groups
@@ -304,7 +365,7 @@ def _backward(plan, query, key, value, mask, outputs, lse, grad):
             q = _query_rows(query, i, c)  # (P, G*C, H)
             do = _query_rows(grad, i, c)  # (P, G*C, V)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
-            logits = _hide(plan, mask, i, j, logits, edge)
+            logits = _hide(plan, tensors, i, j, logits, edge)
             # The forward's weights; hidden logits give exp(-1e30) = 0.
             p = ops.exp(logits - _query_rows(lse, i, c)[..., None])
             grad_v = grad_v + ops.matmul(ops.swapaxes(p, 1, 2), do)
@@ -317,12 +378,15 @@ def _backward(plan, query, key, value, mask, outputs, lse, grad):
 
         start, end = plan.query_range(j)
         state = (grad_query, ops.zeros_like(k), ops.zeros_like(v))
-        # The diagonal block, first in the range, is the causal edge.
-        diagonal = _Edge(plan.is_causal, padded)
-        state = _loop(start, _minimum(start + 1, end), query_block, state,
-                      edge=diagonal)  # fmt: skip
-        interior = _Edge(False, padded)
-        state = _loop(start + 1, end, query_block, state, edge=interior)
+        if plan.general:
+            state = _loop(start, end, query_block, state, edge=plan.full_edge)
+        else:
+            # The diagonal block, first in the range, is the causal edge.
+            diagonal = _Edge(causal=plan.is_causal, padded=padded)
+            state = _loop(start, _minimum(start + 1, end), query_block,
+                          state, edge=diagonal)  # fmt: skip
+            interior = _Edge(padded=padded)
+            state = _loop(start + 1, end, query_block, state, edge=interior)
         grad_query, grad_k, grad_v = state
         grad_key = ops.slice_update(grad_key, (0, j * c, 0), grad_k)
         grad_value = ops.slice_update(grad_value, (0, j * c, 0), grad_v)
@@ -384,28 +448,42 @@ def _write_rows(tensor, rows, index, block, groups):
 
 class _Edge:
     """Which structure a block pair must apply beyond the user's mask:
-    the causal diagonal, the padded keys of the last key block."""
+    the top-left causal diagonal, the padded keys of the last key block,
+    a general band, segment ids."""
 
-    def __init__(self, causal, padded):
+    def __init__(self, causal=False, padded=False, band=False, segments=False):
         self.causal, self.padded = causal, padded
+        self.band, self.segments = band, segments
 
 
-def _hide(plan, mask, i, j, logits, edge):
+def _hide(plan, tensors, i, j, logits, edge):
     """`logits` `(P, G*C, C)` of block pair `(i, j)` with every hidden
     position set to a large negative number."""
     c = plan.block
+    mask, query_ids, key_ids = tensors
     visible = None
     if mask is not None:
         b, k, g, rows, _ = ops.shape(mask)  # a batch may be unknown
         starts = (0, 0, 0, i * c if rows != 1 else 0, j * c)
         visible = ops.slice(mask, starts, (b, k, g, min(rows, c), c))
     keys = j * c + ops.arange(c)  # (C,) key positions
+    queries = i * c + ops.arange(c)  # (C,) query rows
     conditions = []
     if edge.padded:
         conditions.append(keys < plan.key_length)
     if edge.causal:
-        queries = i * c + ops.arange(c)
         conditions.append(queries[:, None] >= keys[None, :])  # (C, C)
+    if edge.band:
+        conditions.append(
+            plan.structure.band_visible(queries[:, None], keys[None, :])
+        )  # (C, C)
+    if edge.segments:
+        batch = ops.shape(query_ids)[0]
+        same = segments_visible(
+            ops.slice(query_ids, (0, i * c), (batch, c)),
+            ops.slice(key_ids, (0, j * c), (batch, c)),
+        )  # (B, C, C)
+        conditions.append(ops.expand_dims(same, (1, 2)))  # (B, 1, 1, C, C)
     for condition in conditions:
         visible = (
             condition

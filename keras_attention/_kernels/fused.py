@@ -14,23 +14,24 @@ import keras
 from keras import ops
 
 
-def fused_attention(query, key, value, mask, is_causal, scale, reference):
+def fused_attention(query, key, value, mask, structure, scale, reference):
     """Attention through the backend's fused kernel.
 
     `mask` has the weights' rank (`(B|1, T|1, S)` for 3-D inputs,
     `(B|1, N|1, T|1, S)` for 4-D). A kernel takes a causal flag or a mask
-    tensor, not both: `is_causal` alone reaches it as the flag, which lets
-    it skip the masked blocks; with a mask, the causal structure is merged
-    into the mask.
+    tensor, not both: a top-left causal structure alone reaches it as the
+    flag, which lets it skip the masked blocks; any other structure is
+    merged into the mask.
     """
     if not _kernel_takes(query, value):
-        return reference(
-            query, key, value, mask, scale, 0 if is_causal else None
-        )
-    if mask is not None and is_causal:
-        rows = ops.arange(ops.shape(query)[1])[:, None]
-        keys = ops.arange(ops.shape(key)[1])[None, :]
-        mask, is_causal = ops.logical_and(mask, rows >= keys), False
+        return reference(query, key, value, mask, scale, structure)
+    is_causal = structure.is_top_left_causal and mask is None
+    if not is_causal:
+        dense = structure.dense_mask(ops.shape(query)[1], ops.shape(key)[1])
+        if dense is not None:
+            if len(query.shape) == 4:
+                dense = ops.expand_dims(dense, 1)  # (B|1, 1, T, S)
+            mask = dense if mask is None else ops.logical_and(mask, dense)
     single_head = len(query.shape) == 3
     if single_head:
         query, key, value = (ops.expand_dims(x, 2) for x in (query, key, value))

@@ -1,0 +1,206 @@
+"""Attention structure: which keys each query may see, besides a mask.
+
+The structural arguments of `scaled_dot_product_attention` (`is_causal`,
+`sliding_window`, `segment_ids`) are checked and normalised here, once,
+into a `Structure`; each path lowers it its own way. The chunked path
+visits only the key blocks a query block can see and applies the rest
+inside each block; the fused path hands PyTorch its causal flag where
+that is the whole structure; the reference path builds the dense mask.
+
+Positions: query `i` stands at position `p = i + offset` among the keys,
+`offset = 0` for top-left alignment and `S - T` for bottom-right (the
+queries are the last `T` of `S` positions, as with a KV cache). Query `i`
+sees key `j` when `p - left <= j <= p + right` (the band; a `None` bound
+is unbounded) and, with segment ids, when both ids are equal and not 0.
+
+Shape legend: B batch, T query length, S key length.
+"""
+
+import keras
+from keras import ops
+
+ALIGNMENTS = ("top_left", "bottom_right")
+
+
+class Structure:
+    """Normalised structure of one attention call.
+
+    Attributes:
+        causal: bool. Keys after each query's position are hidden.
+        offset: int or scalar tensor. Position of query 0 among the keys.
+        left, right: int or `None`. Keys visible before and after each
+            query's position (`None`: all of them).
+        query_segments, key_segments: int tensors `(B, T)`, `(B, S)`, or
+            `None`.
+    """
+
+    def __init__(self, causal, offset, window, segments):
+        self.causal = causal
+        self.offset = offset
+        left, right = window if window is not None else (None, None)
+        if causal:
+            right = 0 if right is None else min(right, 0)
+        self.left, self.right = left, right
+        self.query_segments, self.key_segments = segments
+
+    @property
+    def has_band(self) -> bool:
+        return self.left is not None or self.right is not None
+
+    @property
+    def has_segments(self) -> bool:
+        return self.query_segments is not None
+
+    @property
+    def is_empty(self) -> bool:
+        """No structure: every key visible (to what the mask allows)."""
+        return not self.has_band and not self.has_segments
+
+    @property
+    def is_top_left_causal(self) -> bool:
+        """Exactly `is_causal=True`: what a kernel's causal flag means."""
+        return (
+            self.causal
+            and self.left is None
+            and _is_zero(self.offset)
+            and not self.has_segments
+        )
+
+    def band_visible(self, rows, cols):
+        """The band at query rows `rows` and key positions `cols`
+        (broadcasting integer tensors), or `None` without a band."""
+        position = rows + self.offset
+        visible = None
+        if self.left is not None:
+            visible = cols >= position - self.left
+        if self.right is not None:
+            after = cols <= position + self.right
+            visible = after if visible is None else visible & after
+        return visible
+
+    def dense_mask(self, query_length, key_length):
+        """The structure as a boolean `(B|1, T, S)` mask, or `None`."""
+        visible = None
+        if self.has_band:
+            rows = ops.expand_dims(ops.arange(query_length), 1)  # (T, 1)
+            cols = ops.expand_dims(ops.arange(key_length), 0)  # (1, S)
+            visible = ops.expand_dims(self.band_visible(rows, cols), 0)
+        if self.has_segments:
+            same = segments_visible(
+                self.query_segments, self.key_segments
+            )  # (B, T, S)
+            visible = (
+                same if visible is None else ops.logical_and(visible, same)
+            )
+        return visible
+
+
+def segments_visible(query_segments, key_segments):
+    """`(B, T, S)`: equal segment ids, key id not 0 (padding)."""
+    queries = ops.expand_dims(query_segments, 2)  # (B, T, 1)
+    keys = ops.expand_dims(key_segments, 1)  # (B, 1, S)
+    return ops.logical_and(ops.equal(queries, keys), ops.not_equal(keys, 0))
+
+
+def normalize(where, query, key, is_causal, sliding_window, segment_ids):
+    """Checks the structural arguments of a call on `query` `(B, T, ...)`
+    and `key` `(B, S, ...)` and returns their `Structure`.
+
+    Raises:
+        ValueError: naming `where`, the argument and what was received.
+    """
+    alignment = _alignment(where, is_causal)
+    window = _window(where, sliding_window)
+    segments = _segments(where, query, key, segment_ids)
+    offset = 0
+    if alignment == "bottom_right":
+        query_length, key_length = query.shape[1], key.shape[1]
+        if query_length is None or key_length is None:
+            query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
+        offset = key_length - query_length
+    return Structure(bool(is_causal), offset, window, segments)
+
+
+def _alignment(where, is_causal):
+    if is_causal is True or is_causal is False:
+        return "top_left"
+    if isinstance(is_causal, str) and is_causal in ALIGNMENTS:
+        return is_causal
+    raise ValueError(
+        f"{where}: `is_causal` must be True, False, 'top_left' or "
+        f"'bottom_right'. Received: is_causal={is_causal!r}"
+    )
+
+
+def _window(where, sliding_window):
+    """`(left, right)` keys visible each side of a query, or `None`."""
+    if sliding_window is None:
+        return None
+    if _is_int(sliding_window):
+        if sliding_window < 1:
+            raise ValueError(
+                f"{where}: `sliding_window` must be at least 1 (the query's "
+                f"own position). Received: sliding_window={sliding_window}"
+            )
+        return int(sliding_window) - 1, 0
+    if (
+        isinstance(sliding_window, (tuple, list))
+        and len(sliding_window) == 2
+        and all(_is_int(x) and x >= 0 for x in sliding_window)
+    ):
+        return int(sliding_window[0]), int(sliding_window[1])
+    raise ValueError(
+        f"{where}: `sliding_window` must be a positive int or a pair "
+        "`(left, right)` of non-negative ints. Received: "
+        f"sliding_window={sliding_window!r}"
+    )
+
+
+def _segments(where, query, key, segment_ids):
+    """`(query_ids (B, T), key_ids (B, S))` as int32, or `(None, None)`."""
+    if segment_ids is None:
+        return None, None
+    if isinstance(segment_ids, (tuple, list)):
+        if len(segment_ids) != 2:
+            raise ValueError(
+                f"{where}: `segment_ids` must be one `(B, T)` tensor or a "
+                "pair `(query_ids (B, T), key_ids (B, S))`. Received: "
+                f"{len(segment_ids)} tensors"
+            )
+        query_ids, key_ids = segment_ids
+    else:
+        query_ids = key_ids = segment_ids
+    ids = []
+    for name, ids_, tensor in (
+        ("queries", query_ids, query),
+        ("keys", key_ids, key),
+    ):
+        if not isinstance(ids_, keras.KerasTensor):
+            ids_ = ops.convert_to_tensor(ids_)
+        dtype = keras.backend.standardize_dtype(ids_.dtype)
+        expected = (tensor.shape[0], tensor.shape[1])
+        shape = tuple(ids_.shape)
+        if "int" not in dtype or not _matches(shape, expected):
+            raise ValueError(
+                f"{where}: `segment_ids` for the {name} must be integers of "
+                f"shape (B, {'T' if name == 'queries' else 'S'})="
+                f"{expected}. Received: segment_ids.shape={shape}, "
+                f"dtype={dtype}"
+            )
+        ids.append(ops.cast(ids_, "int32"))
+    return tuple(ids)
+
+
+def _matches(shape, expected):
+    return len(shape) == 2 and all(
+        a is None or b is None or a == b
+        for a, b in zip(shape, expected, strict=True)
+    )
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_zero(x) -> bool:
+    return isinstance(x, int) and x == 0

@@ -1,0 +1,287 @@
+"""Attention structure as arguments of `scaled_dot_product_attention`:
+causal alignment (`"top_left"`, `"bottom_right"`), sliding windows and
+packed sequences (`segment_ids`), alone and combined with padding masks
+and grouped-query heads.
+
+Every path (reference, chunked with blocks of 3, fused, the symbolic
+operation) is checked against a NumPy reference written position by
+position (`np_structure_mask`), for the outputs and the gradients of the
+query, key and value; gradients never reach a key its query must not
+see; the blocks the chunked path visits are hand-counted.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention import _kernels
+from keras_attention import functional as F
+from tests.autodiff import KERNEL_PATHS
+from tests.autodiff import path_context
+from tests.autodiff import value_and_grads
+from tests.helpers import np_structure_mask
+from tests.helpers import rng
+from tests.test_paths_functional import check_sdpa
+from tests.test_paths_functional import sdpa_inputs
+
+PACKED = np.array(
+    [[1, 1, 1, 2, 2, 2, 2, 3, 3, 0], [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]],
+    "int32",
+)  # two rows of packed sequences, id 0 = padding
+
+# name: (layout, T, S, mask kind, structure arguments)
+STRUCTURES = {
+    "bottom_right T<S": ("gqa", 5, 11, "causal", {}),
+    "bottom_right T>S": ("3d", 8, 5, "padding+causal", {}),
+    "causal window": ("gqa", 10, 10, "causal", {"sliding_window": 4}),
+    "bidirectional window": (
+        "4d",
+        10,
+        10,
+        "padding",
+        {"sliding_window": (2, 3)},
+    ),
+    "bottom_right window": ("gqa", 4, 10, "causal", {"sliding_window": 3}),
+    "segments": ("gqa", 10, 10, "none", {"segment_ids": PACKED}),
+    "segments causal window": (
+        "3d",
+        10,
+        10,
+        "padding+causal",
+        {"segment_ids": PACKED, "sliding_window": 5},
+    ),
+    "segments cross": (
+        "gqa",
+        4,
+        10,
+        "none",
+        {"segment_ids": (PACKED[:, [0, 3, 7, 9]], PACKED)},
+    ),
+}
+BOTTOM_RIGHT = {"bottom_right T<S", "bottom_right T>S", "bottom_right window"}
+
+
+def structure_case(name):
+    layout, t, s, mask_kind, structure = STRUCTURES[name]
+    q, k, v, mask, causal = sdpa_inputs(layout, mask_kind, t, s)
+    if causal and name in BOTTOM_RIGHT:
+        causal = "bottom_right"
+    return q, k, v, mask, causal, structure
+
+
+@pytest.mark.parametrize("name", tuple(STRUCTURES))
+def test_every_path_equals_the_numpy_reference(name):
+    """Outputs and q, k, v gradients on every path, float32, and on the
+    chunked path in bfloat16."""
+    q, k, v, mask, causal, structure = structure_case(name)
+    cases = [
+        (f"structure {path}", path, "float32")
+        for path in (*KERNEL_PATHS, "symbolic")
+    ]
+    cases.append(("structure chunked", "chunked", "bfloat16"))
+    check_sdpa(cases, q, k, v, mask, causal, **structure)
+
+
+@pytest.mark.parametrize("name", ["bottom_right T>S", "segments causal window"])
+def test_hidden_keys_get_exactly_zero_gradient(name):
+    """For one query row at a time, the key and value gradients of every
+    key the row must not see are exactly zero, on every path."""
+    q, k, v, mask, causal, structure = structure_case(name)
+    batch, t, s = q.shape[0], q.shape[1], k.shape[1]
+    visible = np_structure_mask(batch, t, s, causal, **structure)
+    if mask is not None:
+        visible &= mask
+    rows = (t // 2, t - 2)
+    cases = [(path, row) for path in KERNEL_PATHS for row in rows]
+
+    def fn(*qkvs):
+        # Each case on its own copy of the inputs: its gradients alone.
+        outputs = []
+        for n, (path, row) in enumerate(cases):
+            with path_context(path):
+                out = F.scaled_dot_product_attention(
+                    *qkvs[3 * n : 3 * n + 3],
+                    mask=mask,
+                    is_causal=causal,
+                    **structure,
+                )
+            outputs.append(out[:, row])
+        return outputs
+
+    _, grads, _ = value_and_grads(fn, [q, k, v] * len(cases))
+    for n, (path, row) in enumerate(cases):
+        dk, dv = grads[3 * n + 1], grads[3 * n + 2]
+        hidden = ~visible[:, row]  # (B, S)
+        assert hidden.any()
+        assert np.all(dk[hidden] == 0.0), (path, row)
+        assert np.all(dv[hidden] == 0.0), (path, row)
+        assert np.any(dv[~hidden] != 0.0), (path, row)
+
+
+@pytest.mark.parametrize(
+    "length, key_length, arguments, pairs",
+    [
+        (10, 10, {"is_causal": True}, 10),  # 4 x 4 blocks: 10 of 16
+        (10, 4, {"is_causal": True}, 7),  # the last queries see every key
+        (4, 10, {"is_causal": True}, 3),  # key blocks 2 and 3 seen by none
+        (4, 10, {"is_causal": "bottom_right"}, 7),  # 2 x 4: only (0, 3) off
+        (12, 12, {"is_causal": True, "sliding_window": 4}, 7),  # diagonal
+        (9, 9, {"sliding_window": (1, 1)}, 7),  # the block tridiagonal
+    ],
+)
+def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
+    length, key_length, arguments, pairs
+):
+    """Hand-counted block pairs for blocks of 3, both passes; they are
+    exactly the pairs in which the reference mask sees something. On
+    PyTorch, whose loops run eagerly, also the pairs computed."""
+    from keras_attention._kernels import chunked
+
+    shape = (1, length, 1, 2), (1, key_length, 1, 2)
+    q, k = ops.zeros(shape[0]), ops.zeros(shape[1])
+    structure = _kernels.structure.normalize(
+        "test",
+        q,
+        k,
+        arguments.get("is_causal", False),
+        arguments.get("sliding_window"),
+        None,
+    )
+    plan = chunked._Plan(q, k, k, None, structure, 1.0, 3)
+    forward = {
+        (i, j)
+        for i in range(plan.query_blocks)
+        for j in range(*plan.key_range(i))
+    }
+    backward = {
+        (i, j)
+        for j in range(plan.key_blocks)
+        for i in range(*plan.query_range(j))
+    }
+    visible = np_structure_mask(1, length, key_length, **arguments)[0]
+    seen = {
+        (i, j)
+        for i in range(plan.query_blocks)
+        for j in range(plan.key_blocks)
+        if visible[3 * i : 3 * i + 3, 3 * j : 3 * j + 3].any()
+    }
+    assert len(seen) == pairs
+    assert forward == backward == seen
+    if keras.backend.backend() != "torch":
+        return
+    calls = []
+    original = chunked._hide
+    try:
+        chunked._hide = lambda *args: calls.append(args[2:4]) or original(*args)
+        q = ops.convert_to_tensor(rng(0).standard_normal(shape[0]), "float32")
+        q.requires_grad_()
+        with _kernels.force("chunked", chunk_size=3):
+            out = F.scaled_dot_product_attention(q, k, k, **arguments)
+        out.sum().backward()
+    finally:
+        chunked._hide = original
+    assert len(calls) == 2 * pairs  # each pair once forward, once backward
+    assert {tuple(int(x) for x in pair) for pair in calls} == seen
+
+
+def test_bottom_right_is_top_left_shifted_by_the_cache():
+    """Queries that are the last T of S positions: `"bottom_right"`
+    equals a top-left causal mask offset by `S - T`, and equals the last
+    rows of full causal attention over all S positions."""
+    generator = rng(3)
+    q = generator.standard_normal((2, 9, 2, 4)).astype("float32")
+    k = generator.standard_normal((2, 9, 2, 4)).astype("float32")
+    full = F.scaled_dot_product_attention(q, k, k, is_causal=True)
+    last = F.scaled_dot_product_attention(
+        q[:, 6:], k, k, is_causal="bottom_right"
+    )
+    offset = F.scaled_dot_product_attention(
+        q[:, 6:], k, k, mask=F.causal_mask(3, 9, offset=6)
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(last), ops.convert_to_numpy(full)[:, 6:], atol=1e-6
+    )
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(last), ops.convert_to_numpy(offset), atol=1e-6
+    )
+
+
+BAD_ARGUMENTS = [
+    ({"is_causal": "lower_right"}, "Received: is_causal='lower_right'"),
+    ({"is_causal": 1.0}, "Received: is_causal=1.0"),
+    ({"sliding_window": 0}, "at least 1.*Received: sliding_window=0"),
+    ({"sliding_window": -3}, "Received: sliding_window=-3"),
+    ({"sliding_window": True}, "Received: sliding_window=True"),
+    ({"sliding_window": 2.5}, "Received: sliding_window=2.5"),
+    ({"sliding_window": (1,)}, r"Received: sliding_window=\(1,\)"),
+    ({"sliding_window": (1, -1)}, r"Received: sliding_window=\(1, -1\)"),
+    (
+        {"segment_ids": np.ones((2, 6), "int32")},
+        r"queries must be integers of shape \(B, T\)=\(2, 5\)\. "
+        r"Received: segment_ids.shape=\(2, 6\)",
+    ),
+    (
+        {"segment_ids": np.ones((2, 5), "float32")},
+        "Received: segment_ids.shape=.*dtype=float32",
+    ),
+    (
+        {"segment_ids": (np.ones((2, 5), "int32"), np.ones((2, 5), "int32"))},
+        r"keys must be integers of shape \(B, S\)=\(2, 6\)",
+    ),
+    (
+        {"segment_ids": (np.ones((2, 5), "int32"),) * 3},
+        "Received: 3 tensors",
+    ),
+]
+
+
+@pytest.mark.parametrize("arguments, message", BAD_ARGUMENTS)
+def test_bad_structure_arguments_are_named(arguments, message):
+    q = np.zeros((2, 5, 4), "float32")
+    k = np.zeros((2, 6, 4), "float32")
+    with pytest.raises(
+        ValueError, match=f"scaled_dot_product_attention: .*{message}"
+    ):
+        F.scaled_dot_product_attention(q, k, k, **arguments)
+    symbolic = [
+        keras.Input(shape, batch_size=2) for shape in ((5, 4), (6, 4), (6, 4))
+    ]
+    with pytest.raises(
+        ValueError, match=f"^scaled_dot_product_attention: .*{message}"
+    ):
+        F.scaled_dot_product_attention(*symbolic, **arguments)
+
+
+def test_structure_round_trips_in_a_saved_functional_model(tmp_path):
+    """The symbolic operation keeps its window and alignment in its
+    config; segment ids are model inputs."""
+    q = keras.Input((5, 4))
+    kv = keras.Input((9, 4))
+    ids = (keras.Input((5,), dtype="int32"), keras.Input((9,), dtype="int32"))
+    out = F.scaled_dot_product_attention(
+        q, kv, kv, is_causal="bottom_right", sliding_window=(2, 0),
+        segment_ids=ids,
+    )  # fmt: skip
+    model = keras.Model([q, kv, *ids], out)
+    path = str(tmp_path / "structure.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    generator = rng(5)
+    inputs = [
+        generator.standard_normal((2, 5, 4)).astype("float32"),
+        generator.standard_normal((2, 9, 4)).astype("float32"),
+        PACKED[:, [0, 3, 4, 7, 8]],
+        PACKED[:, :9],
+    ]
+    want = model(inputs)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(loaded(inputs)), ops.convert_to_numpy(want)
+    )
+    visible = np_structure_mask(
+        2, 5, 9, "bottom_right", (2, 0), (inputs[2], inputs[3])
+    )
+    from tests.helpers import np_sdpa
+
+    reference, _ = np_sdpa(inputs[0], inputs[1], inputs[1], visible)
+    np.testing.assert_allclose(ops.convert_to_numpy(want), reference, atol=1e-5)
