@@ -93,6 +93,66 @@ def causal_mask(query_length, key_length, offset=0):
     return ops.greater_equal(rows, cols)  # (T, S)
 
 
+def structure_mask(
+    query_length,
+    key_length,
+    is_causal: bool | str = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    segment_ids=None,
+):
+    """The dense mask of the structural arguments of
+    `scaled_dot_product_attention`.
+
+    Attention takes the structure as arguments and applies it without
+    this `(T, S)` tensor where it can; the mask is for the layers' own
+    weight computations, for plots and for reading what an argument
+    means. The arguments mean what they mean there.
+
+    Args:
+        query_length: int. T.
+        key_length: int. S.
+        is_causal: bool, `"top_left"` or `"bottom_right"`. Defaults to
+            `False`.
+        sliding_window: int or `(left, right)`, optional.
+        segment_ids: int tensor `(B, T)` or a tuple `(query_ids (B, T),
+            key_ids (B, S))`, optional.
+
+    Returns:
+        Boolean tensor `(B, T, S)` with segment ids, else `(1, T, S)`;
+        `True` = attend. All `True` without structure.
+
+    Examples:
+        A causal window of 2 keys, and two packed sequences:
+
+        >>> import keras
+        >>> m = structure_mask(4, 4, is_causal=True, sliding_window=2)
+        >>> print(keras.ops.convert_to_numpy(m[0]).astype(int))
+        [[1 0 0 0]
+         [1 1 0 0]
+         [0 1 1 0]
+         [0 0 1 1]]
+        >>> m = structure_mask(4, 4, segment_ids=[[1, 1, 2, 0]])
+        >>> print(keras.ops.convert_to_numpy(m[0]).astype(int))
+        [[1 1 0 0]
+         [1 1 0 0]
+         [0 0 1 0]
+         [0 0 0 0]]
+    """
+    structure = _kernels.structure.normalize(
+        "structure_mask",
+        None,
+        query_length,
+        key_length,
+        is_causal,
+        sliding_window,
+        segment_ids,
+    )
+    mask = structure.dense_mask(query_length, key_length)
+    if mask is None:
+        return ops.ones((1, query_length, key_length), "bool")
+    return mask
+
+
 def position_angles(length, dim: int, start_index=0, max_wavelength=1e4):
     """The angles `p / m^(2i/D)` of sinusoidal and rotary positions.
 
@@ -334,7 +394,7 @@ def scaled_dot_product_attention(
             before it: a causal window, as in Mistral); a pair keeps
             `p - left <= j <= p + right` (bidirectional local attention).
             Defaults to `None` (no window).
-        segment_ids: int tensor `(B, T)`, or a pair `(query_ids (B, T),
+        segment_ids: int tensor `(B, T)`, or a tuple `(query_ids (B, T),
             key_ids (B, S))`, optional. Packed sequences: query `i` sees
             key `j` only when their ids are equal; id `0` marks padding
             (such keys are hidden, such queries get zeros). One tensor
@@ -369,7 +429,11 @@ def scaled_dot_product_attention(
     if _any_symbolic(query, key, value, mask, *segments):
         _check_inputs(query, key, value, mask)
         _kernels.structure.normalize(
-            _FN, query, key, is_causal, sliding_window, segment_ids
+            _FN,
+            *_kernels.structure.lengths(query, key),
+            is_causal,
+            sliding_window,
+            segment_ids,
         )
         operation = _Attention(
             is_causal, scale, return_attention_scores, sliding_window
@@ -378,7 +442,11 @@ def scaled_dot_product_attention(
     query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
     mask = _check_inputs(query, key, value, mask)
     structure = _kernels.structure.normalize(
-        _FN, query, key, is_causal, sliding_window, segment_ids
+        _FN,
+        *_kernels.structure.lengths(query, key),
+        is_causal,
+        sliding_window,
+        segment_ids,
     )
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
@@ -393,7 +461,7 @@ def scaled_dot_product_attention(
 
 def _segment_pair(segment_ids):
     """`(query_ids, key_ids)`, each a tensor or `None`."""
-    if isinstance(segment_ids, (tuple, list)) and len(segment_ids) == 2:
+    if isinstance(segment_ids, tuple) and len(segment_ids) == 2:
         return tuple(segment_ids)
     return segment_ids, None
 
@@ -453,8 +521,7 @@ class _Attention(keras.Operation):
         _check_inputs(query, key, value, mask)
         _kernels.structure.normalize(
             _FN,
-            query,
-            key,
+            *_kernels.structure.lengths(query, key),
             self.is_causal,
             self.sliding_window,
             _segment_argument(query_ids, key_ids),

@@ -64,6 +64,7 @@ PUBLIC_FUNCTIONS = [
     "padding_to_attention_mask",
     "position_angles",
     "scaled_dot_product_attention",
+    "structure_mask",
 ]
 DOCTESTED_MODULES = [
     functional,

@@ -142,8 +142,9 @@ def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
     q, k = ops.zeros(shape[0]), ops.zeros(shape[1])
     structure = _kernels.structure.normalize(
         "test",
-        q,
-        k,
+        1,
+        length,
+        key_length,
         arguments.get("is_causal", False),
         arguments.get("sliding_window"),
         None,

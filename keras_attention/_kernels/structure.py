@@ -102,23 +102,35 @@ def segments_visible(query_segments, key_segments):
     return ops.logical_and(ops.equal(queries, keys), ops.not_equal(keys, 0))
 
 
-def normalize(where, query, key, is_causal, sliding_window, segment_ids):
-    """Checks the structural arguments of a call on `query` `(B, T, ...)`
-    and `key` `(B, S, ...)` and returns their `Structure`.
+def normalize(
+    where, batch, query_length, key_length, is_causal, sliding_window,
+    segment_ids,
+):  # fmt: skip
+    """Checks the structural arguments of a call with `batch` rows, `T =
+    query_length` queries and `S = key_length` keys (ints, `None` where
+    unknown, or scalar tensors) and returns their `Structure`.
 
     Raises:
         ValueError: naming `where`, the argument and what was received.
     """
     alignment = _alignment(where, is_causal)
     window = _window(where, sliding_window)
-    segments = _segments(where, query, key, segment_ids)
+    segments = _segments(
+        where, (batch, query_length), (batch, key_length), segment_ids
+    )
     offset = 0
     if alignment == "bottom_right":
-        query_length, key_length = query.shape[1], key.shape[1]
-        if query_length is None or key_length is None:
-            query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
         offset = key_length - query_length
     return Structure(bool(is_causal), offset, window, segments)
+
+
+def lengths(query, key):
+    """`(B, T, S)` of a call: static where known, else scalar tensors
+    (the batch stays `None`; it only checks shapes)."""
+    query_length, key_length = query.shape[1], key.shape[1]
+    if query_length is None or key_length is None:
+        query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
+    return query.shape[0], query_length, key_length
 
 
 def _alignment(where, is_causal):
@@ -156,36 +168,35 @@ def _window(where, sliding_window):
     )
 
 
-def _segments(where, query, key, segment_ids):
+def _segments(where, query_shape, key_shape, segment_ids):
     """`(query_ids (B, T), key_ids (B, S))` as int32, or `(None, None)`."""
     if segment_ids is None:
         return None, None
-    if isinstance(segment_ids, (tuple, list)):
+    if isinstance(segment_ids, tuple):
         if len(segment_ids) != 2:
             raise ValueError(
                 f"{where}: `segment_ids` must be one `(B, T)` tensor or a "
-                "pair `(query_ids (B, T), key_ids (B, S))`. Received: "
+                "tuple `(query_ids (B, T), key_ids (B, S))`. Received: "
                 f"{len(segment_ids)} tensors"
             )
         query_ids, key_ids = segment_ids
     else:
         query_ids = key_ids = segment_ids
     ids = []
-    for name, ids_, tensor in (
-        ("queries", query_ids, query),
-        ("keys", key_ids, key),
+    for name, axis, ids_, expected in (
+        ("queries", "T", query_ids, query_shape),
+        ("keys", "S", key_ids, key_shape),
     ):
         if not isinstance(ids_, keras.KerasTensor):
             ids_ = ops.convert_to_tensor(ids_)
         dtype = keras.backend.standardize_dtype(ids_.dtype)
-        expected = (tensor.shape[0], tensor.shape[1])
+        expected = tuple(d if isinstance(d, int) else None for d in expected)
         shape = tuple(ids_.shape)
         if "int" not in dtype or not _matches(shape, expected):
             raise ValueError(
                 f"{where}: `segment_ids` for the {name} must be integers of "
-                f"shape (B, {'T' if name == 'queries' else 'S'})="
-                f"{expected}. Received: segment_ids.shape={shape}, "
-                f"dtype={dtype}"
+                f"shape (B, {axis})={expected}. Received: "
+                f"segment_ids.shape={shape}, dtype={dtype}"
             )
         ids.append(ops.cast(ids_, "int32"))
     return tuple(ids)
