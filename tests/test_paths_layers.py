@@ -131,6 +131,47 @@ LAYER_CASES = {
             layer, x, masks, (B, 2, T, 2, 4)
         ),
     ),
+    "MultiHeadSelfAttention causal window": dict(
+        make=_mhsa(num_heads=2, sliding_window=2),
+        shapes=[(B, T, D)],
+        masks={"padding_mask": _padding(T, 4)},
+        call=lambda layer, x, masks, training: layer(
+            x, use_causal_mask=True, training=training, **masks
+        ),
+        kernels=True,
+        steps=lambda layer, x, masks: _self_attention_steps(
+            layer, x, masks, (B, 2, T, 2, D // 2)
+        ),
+    ),
+    "MultiHeadSelfAttention segments gqa window": dict(
+        make=_mhsa(
+            num_heads=4,
+            key_dim=4,
+            num_key_value_heads=2,
+            sliding_window=(1, 2),
+            use_rotary=True,
+        ),
+        shapes=[(B, T, D)],
+        masks={"segment_ids": np.array([[1, 1, 2, 2, 0], [3, 3, 3, 3, 3]])},
+        call=lambda layer, x, masks, training: layer(
+            x, training=training, **masks
+        ),
+        kernels=True,
+    ),  # fmt: skip
+    "CrossAttention segments": dict(
+        make=lambda dtype: ka.CrossAttention(2, dtype=dtype),
+        shapes=[(B, T, D), (B, S, 6)],
+        masks={
+            "segment_ids": (
+                np.array([[1, 1, 2, 2, 2], [1, 2, 2, 0, 0]]),
+                np.array([[1, 2, 2, 0], [1, 1, 2, 2]]),
+            )
+        },
+        call=lambda layer, q, v, masks, training: layer(
+            q, v, training=training, **masks
+        ),
+        kernels=True,
+    ),
     "CrossAttention value_mask": dict(
         make=lambda dtype: ka.CrossAttention(2, dtype=dtype),
         shapes=[(B, T, D), (B, S, 6)],
@@ -188,6 +229,16 @@ LAYER_CASES = {
         ),
         kernels=True,
         steps=_decoder_steps,
+    ),
+    "TransformerDecoderBlock window": dict(
+        make=lambda dtype: ka.TransformerDecoderBlock(
+            2, 16, sliding_window=3, normalize_first=True, dtype=dtype
+        ),
+        shapes=[(B, T, D)],
+        masks={},
+        call=lambda layer, x, masks, training: layer(x, training=training),
+        kernels=True,
+        steps=lambda layer, x, masks: _decoder_steps(layer, x, None, masks),
     ),
     "TransformerDecoderBlock decoder-only": dict(
         make=lambda dtype: ka.TransformerDecoderBlock(

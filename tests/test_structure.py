@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+import keras_attention as ka
 from keras_attention import _kernels
 from keras_attention import functional as F
 from tests.autodiff import KERNEL_PATHS
@@ -286,3 +287,103 @@ def test_structure_round_trips_in_a_saved_functional_model(tmp_path):
 
     reference, _ = np_sdpa(inputs[0], inputs[1], inputs[1], visible)
     np.testing.assert_allclose(ops.convert_to_numpy(want), reference, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kind", ["self", "self cached", "cross", "encoder block", "decoder block"]
+)
+def test_layers_apply_structure_as_the_numpy_mask_says(kind):
+    """A layer given a window and segment ids equals the same layer (same
+    weights) given `np_structure_mask` as its `attention_mask`."""
+    generator = rng(7)
+    x = generator.standard_normal((2, 10, 8)).astype("float32")
+    source = generator.standard_normal((2, 6, 8)).astype("float32")
+    window = (1, 2) if kind == "cross" else 3
+    causal = kind in ("self cached", "decoder block")
+    if kind == "cross":
+        ids = (PACKED, np.array([[1, 1, 2, 2, 3, 0], [1, 1, 1, 1, 1, 0]]))
+        make = lambda w: ka.CrossAttention(2, sliding_window=w)  # noqa: E731
+    elif kind == "encoder block":
+        ids = PACKED
+        make = lambda w: ka.TransformerEncoderBlock(  # noqa: E731
+            2, 16, sliding_window=w
+        )
+    elif kind == "decoder block":
+        ids = PACKED
+        make = lambda w: ka.TransformerDecoderBlock(  # noqa: E731
+            2, 16, sliding_window=w
+        )
+    else:
+        ids = None if kind == "self cached" else PACKED
+        make = lambda w: ka.MultiHeadSelfAttention(  # noqa: E731
+            4, num_key_value_heads=2, sliding_window=w
+        )
+    windowed, plain = make(window), make(None)
+    inputs = (x, source) if kind == "cross" else (x,)
+    windowed(*inputs)
+    plain(*inputs)
+    plain.set_weights(windowed.get_weights())
+    length = 10 if kind != "cross" else 6
+    visible = np_structure_mask(2, 10, length, causal, window, ids)
+    if kind == "cross":
+        got = windowed(x, source, segment_ids=ids)
+        want = plain(x, source, attention_mask=visible)
+    elif kind == "self cached":
+        cache = np.zeros((2, 2, 10, 2, 2), "float32")
+        steps = []
+        for t in range(10):
+            out, cache = windowed(
+                x[:, t : t + 1], use_causal_mask=True, cache=cache,
+                cache_index=t,
+            )  # fmt: skip
+            steps.append(ops.convert_to_numpy(out))
+        got = np.concatenate(steps, axis=1)
+        want = plain(x, attention_mask=visible)
+    else:
+        got = windowed(x, segment_ids=ids)
+        want = plain(x, attention_mask=visible)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(got), ops.convert_to_numpy(want), atol=2e-5
+    )
+
+
+def test_layers_name_bad_structure_arguments():
+    with pytest.raises(
+        ValueError,
+        match=r"MultiHeadSelfAttention \(layer 'w'\): .*Received: "
+        "sliding_window=0",
+    ):
+        ka.MultiHeadSelfAttention(2, sliding_window=0, name="w")
+    with pytest.raises(
+        ValueError, match=r"TransformerDecoderBlock .*sliding_window=\(2,\)"
+    ):
+        ka.TransformerDecoderBlock(2, 8, sliding_window=(2,))
+    layer = ka.MultiHeadSelfAttention(2, name="s")
+    x = np.zeros((2, 5, 8), "float32")
+    with pytest.raises(
+        ValueError,
+        match=r"MultiHeadSelfAttention \(layer 's'\): `segment_ids` for the "
+        r"queries .*Received: segment_ids.shape=\(2, 4\)",
+    ):
+        layer(x, segment_ids=np.ones((2, 4), "int32"))
+    with pytest.raises(ValueError, match="cannot be combined with a `cache`"):
+        layer(
+            x[:, :1],
+            cache=np.zeros((2, 2, 5, 2, 4), "float32"),
+            cache_index=0,
+            segment_ids=np.ones((2, 1), "int32"),
+        )
+
+
+def test_sliding_window_survives_the_config_round_trip(tmp_path):
+    block = ka.TransformerDecoderBlock(2, 16, sliding_window=(3, 0))
+    x = rng(8).standard_normal((1, 7, 8)).astype("float32")
+    model = keras.Sequential([keras.Input((7, 8)), block])
+    path = str(tmp_path / "window.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.layers[0].sliding_window == (3, 0)
+    assert loaded.layers[0].self_attention.sliding_window == (3, 0)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(loaded(x)), ops.convert_to_numpy(model(x))
+    )

@@ -114,14 +114,14 @@ def normalize(
         ValueError: naming `where`, the argument and what was received.
     """
     alignment = _alignment(where, is_causal)
-    window = _window(where, sliding_window)
+    window_ = window(where, sliding_window)
     segments = _segments(
         where, (batch, query_length), (batch, key_length), segment_ids
     )
     offset = 0
     if alignment == "bottom_right":
         offset = key_length - query_length
-    return Structure(bool(is_causal), offset, window, segments)
+    return Structure(bool(is_causal), offset, window_, segments)
 
 
 def lengths(query, key):
@@ -144,7 +144,7 @@ def _alignment(where, is_causal):
     )
 
 
-def _window(where, sliding_window):
+def window(where, sliding_window):
     """`(left, right)` keys visible each side of a query, or `None`."""
     if sliding_window is None:
         return None

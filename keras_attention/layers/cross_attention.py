@@ -49,6 +49,10 @@ class CrossAttention(MultiHeadCore):
         kernel_initializer: str or initializer. Defaults to
             `"glorot_uniform"`.
         bias_initializer: str or initializer. Defaults to `"zeros"`.
+        sliding_window: int or `(left, right)`, optional. Local attention:
+            query `i` sees source positions `i - left` to `i + right` (an
+            int `w` is `(w - 1, 0)`), as in Luong et al.'s local
+            attention with monotonic alignment. Defaults to `None`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -62,6 +66,10 @@ class CrossAttention(MultiHeadCore):
             keys and values, used instead of projecting `key`/`value`.
         return_attention_scores: bool. Also return the weights
             `(B, N, T, S)`.
+        segment_ids: a tuple `(query_ids (B, T), source_ids (B, S))` of
+            int tensors, optional. Packed pairs of sequences: a query
+            attends only to the source positions of its own id; id `0` is
+            padding. Defaults to `None`.
         training: bool. Whether dropout is active.
 
     Returns:
@@ -90,6 +98,7 @@ class CrossAttention(MultiHeadCore):
         num_key_value_heads: int | None = None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        sliding_window: int | tuple[int, int] | None = None,
         **kwargs,
     ):
         rotary = {k: kwargs.pop(k) for k in _ROTARY_ARGUMENTS if k in kwargs}
@@ -102,6 +111,7 @@ class CrossAttention(MultiHeadCore):
             num_key_value_heads=num_key_value_heads,
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
+            sliding_window=sliding_window,
             **kwargs,
         )
         if rotary:
@@ -132,6 +142,7 @@ class CrossAttention(MultiHeadCore):
         attention_mask=None,
         cache=None,
         return_attention_scores: bool = False,
+        segment_ids=None,
         training=None,
     ):
         batch, length = query.shape[0], query.shape[1]
@@ -155,6 +166,7 @@ class CrossAttention(MultiHeadCore):
         self._check_mask(
             "attention_mask", attention_mask, (batch, length, source_length)
         )
+        self._check_segments(segment_ids, batch, length, source_length)
         full_mask = functional.merge_masks(
             functional.padding_to_attention_mask(value_mask), attention_mask
         )  # (B, T, S)
@@ -165,6 +177,7 @@ class CrossAttention(MultiHeadCore):
             full_mask,
             return_attention_scores=return_attention_scores,
             training=training,
+            segment_ids=segment_ids,
         )
         if return_attention_scores:
             return outputs, scores
@@ -187,6 +200,7 @@ class CrossAttention(MultiHeadCore):
         attention_mask=None,
         cache=None,
         return_attention_scores=False,
+        segment_ids=None,
         training=None,
     ):
         outputs = keras.KerasTensor(query.shape, dtype=self.compute_dtype)

@@ -7,6 +7,7 @@ N query heads, K key/value heads, H head dim, V value head dim.
 import keras
 from keras import ops
 
+from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
@@ -40,6 +41,7 @@ class MultiHeadCore(keras.layers.Layer):
         max_wavelength: float = 10000.0,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        sliding_window: int | tuple[int, int] | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -53,6 +55,9 @@ class MultiHeadCore(keras.layers.Layer):
         self.max_wavelength = max_wavelength
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        if isinstance(sliding_window, list):  # from a JSON config
+            sliding_window = tuple(sliding_window)
+        self.sliding_window = sliding_window
         self._validate_arguments()
         self.supports_masking = True
 
@@ -74,6 +79,7 @@ class MultiHeadCore(keras.layers.Layer):
                 "bias_initializer": keras.initializers.serialize(
                     self.bias_initializer
                 ),
+                "sliding_window": self.sliding_window,
             }
         )
         return config
@@ -100,6 +106,8 @@ class MultiHeadCore(keras.layers.Layer):
                 f"num_heads={self.num_heads}, "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        # (left, right) keys each side of a query's position, or None.
+        self._window = _kernels.structure.window(where, self.sliding_window)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(
                 f"{self._where()}: `dropout` must be in [0, 1). "
@@ -212,18 +220,26 @@ class MultiHeadCore(keras.layers.Layer):
         is_causal=False,
         return_attention_scores=False,
         training=None,
+        segment_ids=None,
+        windowed=True,
     ):
-        """Attention over heads and the output projection.
+        """Attention over heads and the output projection, with the
+        layer's sliding window unless `windowed=False` (a cached call has
+        it in `mask` already).
 
         Returns `(outputs, scores)`, scores `(B, N, T, S)` or `None`.
         """
         scores = None
+        structure = {
+            "is_causal": is_causal,
+            "sliding_window": self.sliding_window if windowed else None,
+            "segment_ids": segment_ids,
+        }
         if self.dropout > 0 and training:
-            if is_causal:
-                causal = functional.causal_mask(
-                    ops.shape(query_heads)[1], ops.shape(key_heads)[1]
-                )
-                mask = functional.merge_masks(mask, causal)
+            dense = functional.structure_mask(
+                ops.shape(query_heads)[1], ops.shape(key_heads)[1], **structure
+            )  # (B|1, T, S)
+            mask = functional.merge_masks(mask, dense)
             scores = functional.attention_weights(
                 query_heads, key_heads, mask
             )  # (B, N, T, S)
@@ -235,8 +251,8 @@ class MultiHeadCore(keras.layers.Layer):
                 key_heads,
                 value_heads,
                 mask=mask,
-                is_causal=is_causal,
                 return_attention_scores=True,
+                **structure,
             )
         else:
             heads = functional.scaled_dot_product_attention(
@@ -244,9 +260,14 @@ class MultiHeadCore(keras.layers.Layer):
                 key_heads,
                 value_heads,
                 mask=mask,
-                is_causal=is_causal,
+                **structure,
             )  # (B, T, N, V)
         return invoke(self.output_dense, heads), scores  # (B, T, D)
+
+    def _check_segments(self, segment_ids, batch, length, key_length):
+        _kernels.structure.normalize(
+            self._where(), batch, length, key_length, False, None, segment_ids
+        )
 
     def _check_mask(self, name, mask, expected):
         checks.check_mask(self._where(), name, mask, expected)

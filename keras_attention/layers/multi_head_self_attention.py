@@ -54,6 +54,12 @@ class MultiHeadSelfAttention(MultiHeadCore):
         kernel_initializer: str or initializer. Defaults to
             `"glorot_uniform"`.
         bias_initializer: str or initializer. Defaults to `"zeros"`.
+        sliding_window: int or `(left, right)`, optional. Local attention:
+            an int `w` lets each position see itself and the `w - 1`
+            positions before it (as in Mistral); a pair sees `left`
+            positions before and `right` after. With a cache the window
+            is kept over the cached positions. The blockwise path skips
+            the key blocks outside the window. Defaults to `None`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -72,6 +78,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
             cache raises a `ValueError` when its value is known (an int, a
             NumPy or host tensor); one that is traced (inside a compiled
             function) or on an accelerator is clipped so that they fit.
+        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+            positions attend only within equal ids; id `0` is padding.
+            Not with a `cache`.
         training: bool. Whether dropout is active.
         mask, inputs_mask: the implicit Keras mask of `inputs`, filled in by
             Keras; not passed by hand.
@@ -116,11 +125,19 @@ class MultiHeadSelfAttention(MultiHeadCore):
         return_attention_scores: bool = False,
         cache=None,
         cache_index=None,
+        segment_ids=None,
         training=None,
         mask=None,
         inputs_mask=None,
     ):
         if cache is not None:
+            if segment_ids is not None:
+                raise ValueError(
+                    f"{self._where()}: `segment_ids` (packed sequences) "
+                    "cannot be combined with a `cache`; decode each sequence "
+                    "in its own row, with `padding_mask`. Received: "
+                    f"segment_ids.shape={tuple(ops.shape(segment_ids))}"
+                )
             return self._call_cached(
                 inputs,
                 cache,
@@ -138,6 +155,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
         self._check_mask(
             "attention_mask", attention_mask, (batch, length, length)
         )
+        self._check_segments(segment_ids, batch, length, length)
         full_mask = functional.merge_masks(
             functional.padding_to_attention_mask(padding_mask),
             attention_mask,
@@ -152,6 +170,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
             is_causal=use_causal_mask,
             return_attention_scores=return_attention_scores,
             training=training,
+            segment_ids=segment_ids,
         )
         if return_attention_scores:
             return outputs, scores
@@ -172,6 +191,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
         return_attention_scores=False,
         cache=None,
         cache_index=None,
+        segment_ids=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -213,15 +233,17 @@ class MultiHeadSelfAttention(MultiHeadCore):
         cache, keys, values = _kernels.update_kv_cache(
             cache, key, value, cache_index
         )  # (B, 2, S_max, K, H), (B, S_max, K, H) twice
-        # Slots after the new tokens hold no keys yet: always hidden.
-        written = functional.causal_mask(
-            ops.shape(inputs)[1], max_length, offset=cache_index
-        )  # (T, S_max)
-        if not use_causal_mask:
-            last = cache_index + ops.shape(inputs)[1]
-            written = ops.expand_dims(ops.arange(max_length) < last, 0)
+        # Slots after the new tokens hold no keys yet: always hidden. The
+        # new tokens are the last of the written keys (bottom-right
+        # alignment): query i stands at position cache_index + i.
+        last = cache_index + ops.shape(inputs)[1]
+        written = ops.expand_dims(ops.arange(max_length) < last, 0)  # (1, S)
+        band = _kernels.structure.Structure(
+            use_causal_mask, cache_index, self._window, (None, None)
+        ).dense_mask(ops.shape(inputs)[1], max_length)  # (1, T, S_max)
         full_mask = functional.merge_masks(
             written,
+            band,
             functional.padding_to_attention_mask(padding_mask),
             attention_mask,
         )
@@ -232,6 +254,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
             full_mask,
             return_attention_scores=return_attention_scores,
             training=training,
+            windowed=False,
         )
         if return_attention_scores:
             return outputs, scores, cache

@@ -6,6 +6,7 @@ Shape legend: B batch, T sequence length, D model dim, F intermediate dim.
 
 import keras
 
+from keras_attention import _kernels
 from keras_attention.layers import checks
 from keras_attention.layers.multi_head_self_attention import (
     MultiHeadSelfAttention,
@@ -35,6 +36,7 @@ class TransformerBlockBase(keras.layers.Layer):
         use_rotary: bool = False,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        sliding_window: int | tuple[int, int] | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -66,6 +68,10 @@ class TransformerBlockBase(keras.layers.Layer):
         self.use_rotary = use_rotary
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        if isinstance(sliding_window, list):  # from a JSON config
+            sliding_window = tuple(sliding_window)
+        _kernels.structure.window(where, sliding_window)
+        self.sliding_window = sliding_window
         self.supports_masking = True
         # Built now so that bad head arguments fail at construction.
         self.self_attention = MultiHeadSelfAttention(
@@ -76,6 +82,7 @@ class TransformerBlockBase(keras.layers.Layer):
             use_rotary=use_rotary,
             kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer,
+            sliding_window=sliding_window,
             dtype=self.dtype_policy,
             name="self_attention",
         )
@@ -99,6 +106,7 @@ class TransformerBlockBase(keras.layers.Layer):
                 "bias_initializer": keras.initializers.serialize(
                     self.bias_initializer
                 ),
+                "sliding_window": self.sliding_window,
             }
         )
         return config

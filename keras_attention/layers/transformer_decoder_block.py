@@ -49,6 +49,10 @@ class TransformerDecoderBlock(TransformerBlockBase):
         kernel_initializer: str or initializer. Defaults to
             `"glorot_uniform"`.
         bias_initializer: str or initializer. Defaults to `"zeros"`.
+        sliding_window: int or `(left, right)`, optional. Local
+            self-attention (see `MultiHeadSelfAttention`): an int `w`
+            lets each position see itself and the `w - 1` before it.
+            Defaults to `None`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -66,6 +70,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
             of `inputs`.
         return_attention_scores: bool. Also return the weights as a dict
             `{"self": (B, N, T, T), "cross": (B, N, T, S)}`.
+        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+            self-attention stays within equal ids; id `0` is padding.
+            Not with a `cache`.
         training: bool. Whether dropout is active.
         mask, inputs_mask, encoder_outputs_mask: implicit Keras masks,
             filled in by Keras.
@@ -127,6 +134,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         cache=None,
         cache_index=None,
         return_attention_scores: bool = False,
+        segment_ids=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -152,6 +160,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 return_attention_scores=return_attention_scores,
                 cache=self_cache,
                 cache_index=cache_index,
+                segment_ids=segment_ids,
                 training=training,
             )
             return _split_result(result, return_attention_scores, self_cache)
@@ -202,6 +211,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         cache=None,
         cache_index=None,
         return_attention_scores=False,
+        segment_ids=None,
         training=None,
         mask=None,
         inputs_mask=None,

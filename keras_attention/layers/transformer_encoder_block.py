@@ -41,6 +41,10 @@ class TransformerEncoderBlock(TransformerBlockBase):
         kernel_initializer: str or initializer. Defaults to
             `"glorot_uniform"`.
         bias_initializer: str or initializer. Defaults to `"zeros"`.
+        sliding_window: int or `(left, right)`, optional. Local
+            self-attention (see `MultiHeadSelfAttention`): an int `w`
+            lets each position see itself and the `w - 1` before it.
+            Defaults to `None`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -50,6 +54,9 @@ class TransformerEncoderBlock(TransformerBlockBase):
         attention_mask: boolean tensor `(B, T, T)`, `True` = attend.
         return_attention_scores: bool. Also return the weights
             `(B, N, T, T)`.
+        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+            self-attention stays within equal ids; id `0` is padding.
+            Not with a `cache`.
         training: bool. Whether dropout is active.
         mask, inputs_mask: the implicit Keras mask, filled in by Keras.
 
@@ -82,6 +89,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
         padding_mask=None,
         attention_mask=None,
         return_attention_scores: bool = False,
+        segment_ids=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -97,6 +105,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
                 return_attention_scores=return_attention_scores,
+                segment_ids=segment_ids,
                 training=training,
             )
             return result if return_attention_scores else (result, None)
@@ -119,6 +128,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
         padding_mask=None,
         attention_mask=None,
         return_attention_scores=False,
+        segment_ids=None,
         training=None,
         mask=None,
         inputs_mask=None,
