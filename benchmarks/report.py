@@ -292,6 +292,67 @@ def generation_section():
     return [*lines, ""]
 
 
+def structure_section():
+    results = load("structure")
+    if not results:
+        return []
+    first = next(iter(results.values()))
+    lines = [
+        "## Attention structure",
+        "",
+        "### Sliding window",
+        "",
+        "`MultiHeadSelfAttention` training step, B="
+        f"{first['window_batch']}, D=512, 8 heads, a causal window of "
+        f"{first['window']} keys. *As argument*: `sliding_window="
+        f"{first['window']}`; *as a dense mask*: the same layer given the "
+        "same structure as `attention_mask` `(B, T, T)`; *keras MHA*: "
+        "`keras.layers.MultiHeadAttention` with that mask. Peak memory of "
+        "two training steps, each in its own process (as in *Memory*).",
+        "",
+        "| backend | T | as argument (ms) | as a dense mask (ms) "
+        "| keras MHA, dense mask (ms) | speed-up over the dense mask "
+        "| peak memory: argument / dense mask / keras MHA (MiB) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for backend, data in results.items():
+        rows = {r["name"]: r for r in data["rows"]}
+        window = rows["window"]
+        mask, keras_mha = rows["window_as_mask"], rows["keras_mha_window_mask"]
+        memory = " / ".join(
+            "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+            for r in (window, mask, keras_mha)
+        )
+        lines.append(
+            f"| {backend} | {window['length']} "
+            f"| {window['seconds'] * 1e3:.0f} | {mask['seconds'] * 1e3:.0f} "
+            f"| {keras_mha['seconds'] * 1e3:.0f} "
+            f"| {ratio(mask['seconds'], window['seconds'])} | {memory} |"
+        )
+    lines += [
+        "",
+        "### Packed sequences",
+        "",
+        "The same 48 sequences of random lengths, causal self-attention "
+        "training step: padded to the longest (`padding_mask`) or packed "
+        "into rows twice as long (`segment_ids`). Real tokens per second.",
+        "",
+        "| backend | padded batch | packed batch | padded (tokens/s) "
+        "| packed (tokens/s) | speed-up |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for backend, data in results.items():
+        rows = {r["name"]: r for r in data["rows"]}
+        padded, packed = rows["padded"], rows["packed"]
+        lines.append(
+            f"| {backend} | {padded['rows']} x {padded['row_length']} "
+            f"| {packed['rows']} x {packed['row_length']} "
+            f"| {padded['tokens_per_s']:.0f} | {packed['tokens_per_s']:.0f} "
+            f"| {ratio(packed['tokens_per_s'], padded['tokens_per_s'])} |"
+        )
+    return [*lines, ""]
+
+
 def rnn_section():
     results = load("rnn_decoder")
     lines = [
@@ -320,6 +381,7 @@ def main():
     lines += causal_section()
     lines += memory_section()
     lines += generation_section()
+    lines += structure_section()
     lines += rnn_section()
     gpu = RESULTS / "gpu.md"
     if gpu.exists():
