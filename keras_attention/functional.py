@@ -14,6 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _explain
 from keras_attention import _kernels
 
 _HALF_DTYPES = ("float16", "bfloat16")
@@ -456,6 +457,59 @@ def scaled_dot_product_attention(
         return _reference(query, key, value, mask, scale, structure, True)
     return _kernels.attention(
         query, key, value, mask, structure, scale, reference=_reference
+    )
+
+
+def explain(
+    query,
+    key,
+    value=None,
+    mask=None,
+    is_causal: bool | str = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    segment_ids=None,
+    return_attention_scores: bool = False,
+):
+    """Which path `scaled_dot_product_attention` takes for these arguments,
+    and why.
+
+    The report comes from the rule the dispatch itself uses, for these
+    shapes and dtypes on this backend and device: the path that will run,
+    the reason each faster path was refused, and how the causal, window
+    and segment structure is applied on that path. Nothing is computed.
+
+    Args:
+        query, key: tensors (or `keras.KerasTensor` shapes), as in
+            `scaled_dot_product_attention`.
+        value: tensor, optional. Defaults to `key`.
+        mask, is_causal, sliding_window, segment_ids,
+            return_attention_scores: as in `scaled_dot_product_attention`.
+
+    Returns:
+        An `Explanation`: `.path` (`"fused"`, `"chunked"` or
+        `"reference"`), `.refused` (path name to reason), `.structure`;
+        `print` it for a summary.
+
+    Examples:
+        >>> import keras
+        >>> q = keras.KerasTensor((1, 64, 4, 16))
+        >>> report = explain(q, q, return_attention_scores=True)
+        >>> report.path
+        'reference'
+        >>> print(report.refused["fused"])
+        the weights are requested; only the reference computes them
+    """
+    value = key if value is None else value
+    mask = _check_inputs(query, key, value, mask)
+    structure = _kernels.structure.normalize(
+        "explain",
+        *_kernels.structure.lengths(query, key),
+        is_causal,
+        sliding_window,
+        segment_ids,
+    )
+    return _explain.explain(
+        query, key, value, mask, structure, return_attention_scores
     )
 
 

@@ -57,6 +57,7 @@ PUBLIC_FUNCTIONS = [
     "attend",
     "attention_weights",
     "causal_mask",
+    "explain",
     "large_negative",
     "logits_dtype",
     "masked_softmax",

@@ -387,3 +387,57 @@ def test_sliding_window_survives_the_config_round_trip(tmp_path):
     np.testing.assert_array_equal(
         ops.convert_to_numpy(loaded(x)), ops.convert_to_numpy(model(x))
     )
+
+
+def _recording_paths():
+    """`_kernels.PATHS` wrapped to record the name of each path run."""
+    ran = []
+    wrapped = {
+        name: (lambda *a, name=name, fn=fn: ran.append(name) or fn(*a))
+        for name, fn in _kernels.PATHS.items()
+    }
+    return ran, wrapped
+
+
+@pytest.mark.parametrize(
+    "length, arguments",
+    [
+        (8, {}),
+        (8, {"return_attention_scores": True}),
+        (520, {"is_causal": True}),
+        (520, {"sliding_window": 64, "is_causal": "bottom_right"}),
+    ],
+)
+def test_explain_reports_the_path_that_runs(length, arguments, monkeypatch):
+    """`explain` and the dispatch agree, and every faster path refused
+    has a reason."""
+    q = rng(9).standard_normal((1, length, 2, 4)).astype("float32")
+    report = F.explain(q, q, q, **arguments)
+    ran, wrapped = _recording_paths()
+    monkeypatch.setattr(_kernels, "PATHS", wrapped)
+    F.scaled_dot_product_attention(q, q, q, **arguments)
+    if arguments.get("return_attention_scores"):
+        assert ran == [] and report.path == "reference"
+        assert "weights are requested" in report.refused["fused"]
+    else:
+        assert ran == [report.path]
+    faster = {"reference": {"fused", "chunked"}, "chunked": {"fused"}}
+    assert faster.get(report.path, set()) <= set(report.refused)
+    assert all(report.refused.values())
+    assert str(report).startswith(f"path: {report.path}")
+
+
+def test_layer_explain_names_dropout_and_the_window():
+    layer = ka.MultiHeadSelfAttention(2, dropout=0.1, sliding_window=32)
+    layer.build((1, 4, 8))
+    training = layer.explain(600, training=True)
+    assert training.path == "reference"
+    assert "dropout" in training.refused["fused"]
+    report = layer.explain(600)
+    if report.path == "chunked":
+        assert "band" in report.structure
+    else:
+        assert report.path == "fused"
+        assert "dense" in report.structure
+    with pytest.raises(ValueError, match="needs a built layer"):
+        ka.MultiHeadSelfAttention(2).explain(8)

@@ -29,6 +29,7 @@ import functools
 
 import keras
 
+from keras_attention._kernels import fused
 from keras_attention._kernels import structure as structure
 from keras_attention._kernels.cache import update_kv_cache as update_kv_cache
 from keras_attention._kernels.chunked import chunked_attention
@@ -88,21 +89,53 @@ def force(path, chunk_size=None):
         _forced.update(previous)
 
 
-def select(query, key) -> str:
+def select(query, key, value=None) -> str:
     """The name of the path that `attention` takes for these inputs."""
+    return choose(query, key, value)[0]
+
+
+def choose(query, key, value=None, weights=False):
+    """`(path, refused)`: the path attention takes for inputs of these
+    shapes and dtypes (`weights=True`: the weights are needed too), and
+    for each faster path not taken, why."""
     if _forced["path"] is not None:
-        return _forced["path"]
+        return _forced["path"], {"automatic choice": "a path is forced"}
+    if weights:
+        reason = "the weights are requested; only the reference computes them"
+        return "reference", {"fused": reason, "chunked": reason}
+    refused = {}
     if _has_fused_kernel():
-        return "fused"
+        reason = None if value is None else fused.refusal(query, value)
+        if reason is None:
+            return "fused", refused
+        refused["fused"] = reason
+        refused["chunked"] = (
+            "not used where a fused kernel exists (not measured faster)"
+        )
+        return "reference", refused
+    refused["fused"] = f"no fused kernel on {_device()}"
     query_length, key_length = query.shape[1], key.shape[1]
-    if (
-        query_length is not None
-        and key_length is not None
-        and query_length >= CHUNKED_MIN_LENGTH
-        and key_length >= CHUNK_SIZE
-    ):
-        return "chunked"
-    return "reference"
+    if query_length is None or key_length is None:
+        refused["chunked"] = "the query or key length is not known statically"
+    elif query_length < CHUNKED_MIN_LENGTH:
+        refused["chunked"] = (
+            f"{query_length} queries: below {CHUNKED_MIN_LENGTH}, the whole "
+            "(T, S) matrix fits in cache and is faster"
+        )
+    elif key_length < CHUNK_SIZE:
+        refused["chunked"] = f"{key_length} keys: fewer than one block"
+    else:
+        return "chunked", refused
+    return "reference", refused
+
+
+def _device():
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return f"JAX ({jax.default_backend().upper()})"
+    return {"tensorflow": "TensorFlow", "numpy": "NumPy"}.get(backend, backend)
 
 
 def attention(query, key, value, mask, structure, scale, reference):
@@ -122,9 +155,9 @@ def attention(query, key, value, mask, structure, scale, reference):
     Returns:
         The output, `(B, T, V)` or `(B, T, N, V)`.
     """
-    path = select(query, key)
+    path = select(query, key, value)
     if path == "chunked" and None in (query.shape[1], key.shape[1]):
-        path = "reference"  # blocks need known lengths
+        path = "reference"  # a forced chunked path needs known lengths
     return PATHS[path](query, key, value, mask, structure, scale, reference)
 
 

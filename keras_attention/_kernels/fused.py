@@ -48,17 +48,26 @@ def fused_attention(query, key, value, mask, structure, scale, reference):
 
 
 def _kernel_takes(query, value) -> bool:
-    """What the backend's kernel accepts. JAX's needs the value head dim to
-    equal the key head dim, and on CPU (its XLA implementation) it cannot
-    multiply float16 into float32."""
+    return refusal(query, value) is None
+
+
+def refusal(query, value):
+    """Why the backend's kernel cannot take these inputs, or `None`.
+    JAX's needs the value head dim to equal the key head dim, and on CPU
+    (its XLA implementation) it cannot multiply float16 into float32."""
     if keras.backend.backend() != "jax":
-        return True
+        return None
     import jax
 
-    half_on_cpu = jax.default_backend() == "cpu" and (
-        keras.backend.standardize_dtype(query.dtype) == "float16"
-    )
-    return query.shape[-1] == value.shape[-1] and not half_on_cpu
+    if query.shape[-1] != value.shape[-1]:
+        return (
+            "JAX's kernel needs equal query and value head dims "
+            f"(received {query.shape[-1]} and {value.shape[-1]})"
+        )
+    dtype = keras.backend.standardize_dtype(query.dtype)
+    if jax.default_backend() == "cpu" and dtype == "float16":
+        return "JAX's kernel on CPU cannot compute in float16"
+    return None
 
 
 def _kernel(query, key, value, mask, is_causal, scale):

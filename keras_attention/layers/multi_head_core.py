@@ -7,6 +7,7 @@ N query heads, K key/value heads, H head dim, V value head dim.
 import keras
 from keras import ops
 
+from keras_attention import _explain
 from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention.layers import checks
@@ -88,6 +89,66 @@ class MultiHeadCore(keras.layers.Layer):
     def kv_heads(self) -> int:
         """K, the number of key/value heads."""
         return self.num_key_value_heads or self.num_heads
+
+    def explain(
+        self,
+        length: int,
+        key_length: int | None = None,
+        use_causal_mask: bool = False,
+        segment_ids=None,
+        return_attention_scores: bool = False,
+        training: bool = False,
+        batch_size: int = 1,
+    ):
+        """Which attention path a call of the built layer takes, and why.
+
+        As `keras_attention.functional.explain`, for the layer's heads,
+        dtype and sliding window at `length` queries and `key_length`
+        keys (defaults to `length`).
+
+        Returns:
+            An `Explanation` (`.path`, `.refused`, `.structure`).
+        """
+        if not self.built:
+            raise ValueError(
+                f"{self._where()}: `explain` needs a built layer (call it "
+                "once or call `build`). Received: an unbuilt layer"
+            )
+        key_length = length if key_length is None else key_length
+        dtype = self.compute_dtype
+        query = keras.KerasTensor(
+            (batch_size, length, self.num_heads, self._head_dim), dtype
+        )
+        key = keras.KerasTensor(
+            (batch_size, key_length, self.kv_heads, self._head_dim), dtype
+        )
+        value = keras.KerasTensor(
+            (batch_size, key_length, self.kv_heads, self._value_head_dim),
+            dtype,
+        )
+        self._check_segments(segment_ids, batch_size, length, key_length)
+        structure = _kernels.structure.normalize(
+            self._where(),
+            batch_size,
+            length,
+            key_length,
+            use_causal_mask,
+            self.sliding_window,
+            segment_ids,
+        )
+        dropout = self.dropout > 0 and training
+        reason = None
+        if dropout:
+            reason = "attention dropout in training needs the weights"
+        return _explain.explain(
+            query,
+            key,
+            value,
+            None,
+            structure,
+            dropout or return_attention_scores,
+            reason,
+        )
 
     def _where(self):
         return f"{type(self).__name__} (layer '{self.name}')"
