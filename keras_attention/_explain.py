@@ -49,7 +49,9 @@ class Explanation:
 def explain(query, key, value, mask, structure, weights, reason=None):
     """The `Explanation` of one call; `reason`, if given, is why the
     weights are needed (it replaces the generic one)."""
-    path, refused = _kernels.choose(query, key, value, weights=weights)
+    path, refused = _kernels.choose(
+        query, key, value, weights=weights, structure=structure
+    )
     if weights and reason is not None:
         refused = {name: reason for name in refused}
     return Explanation(

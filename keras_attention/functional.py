@@ -334,6 +334,8 @@ def scaled_dot_product_attention(
     return_attention_scores: bool = False,
     sliding_window: int | tuple[int, int] | None = None,
     segment_ids=None,
+    alibi: bool = False,
+    logit_soft_cap: float | None = None,
 ):
     """Scaled dot-product attention, `softmax(q kᵀ / sqrt(H)) v`.
 
@@ -400,6 +402,13 @@ def scaled_dot_product_attention(
             key `j` only when their ids are equal; id `0` marks padding
             (such keys are hidden, such queries get zeros). One tensor
             serves queries and keys when `T = S`. Defaults to `None`.
+        alibi: bool. Adds the linear biases of ALiBi (Press et al. 2022)
+            to the logits, `-m_n |p_i - j|` with the slope `m_n` of head
+            `n` (positions aligned as `is_causal` says). Defaults to
+            `False`.
+        logit_soft_cap: float, optional. Caps the logits smoothly,
+            `cap * tanh(logits / cap)` in float32 (Gemma 2), before the
+            ALiBi bias. Defaults to `None`.
 
     Returns:
         The output, `(B, T, V)` or `(B, T, N, V)`; with
@@ -435,9 +444,16 @@ def scaled_dot_product_attention(
             is_causal,
             sliding_window,
             segment_ids,
+            alibi,
+            logit_soft_cap,
         )
         operation = _Attention(
-            is_causal, scale, return_attention_scores, sliding_window
+            is_causal,
+            scale,
+            return_attention_scores,
+            sliding_window,
+            alibi,
+            logit_soft_cap,
         )
         return operation(query, key, value, mask, *segments)
     query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
@@ -448,6 +464,8 @@ def scaled_dot_product_attention(
         is_causal,
         sliding_window,
         segment_ids,
+        alibi,
+        logit_soft_cap,
     )
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
@@ -469,6 +487,8 @@ def explain(
     sliding_window: int | tuple[int, int] | None = None,
     segment_ids=None,
     return_attention_scores: bool = False,
+    alibi: bool = False,
+    logit_soft_cap: float | None = None,
 ):
     """Which path `scaled_dot_product_attention` takes for these arguments,
     and why.
@@ -483,7 +503,8 @@ def explain(
             `scaled_dot_product_attention`.
         value: tensor, optional. Defaults to `key`.
         mask, is_causal, sliding_window, segment_ids,
-            return_attention_scores: as in `scaled_dot_product_attention`.
+            return_attention_scores, alibi, logit_soft_cap: as in
+            `scaled_dot_product_attention`.
 
     Returns:
         An `Explanation`: `.path` (`"fused"`, `"chunked"` or
@@ -507,6 +528,8 @@ def explain(
         is_causal,
         sliding_window,
         segment_ids,
+        alibi,
+        logit_soft_cap,
     )
     return _explain.explain(
         query, key, value, mask, structure, return_attention_scores
@@ -525,11 +548,20 @@ def _reference(
 ):
     """The reference path: the whole weight matrix, then the values, with
     the structure (a `_kernels.structure.Structure`) as a dense mask."""
+    bias, soft_cap = None, None
     if structure is not None:
-        dense = structure.dense_mask(ops.shape(query)[1], ops.shape(key)[1])
+        query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
+        dense = structure.dense_mask(query_length, key_length)
         if dense is not None:
             mask = merge_masks(mask, _expand_mask(dense, len(query.shape)))
-    weights = attention_weights(query, key, mask, scale)
+        heads = 1 if len(query.shape) == 3 else query.shape[2]
+        bias = structure.dense_bias(heads, query_length, key_length)
+        if bias is not None and len(query.shape) == 3:
+            bias = bias[:, 0]  # (1, T, S)
+        soft_cap = structure.soft_cap
+    weights = attention_weights(
+        query, key, mask, scale, soft_cap=soft_cap, bias=bias
+    )
     output = attend(weights, value)
     return (output, weights) if with_weights else output
 
@@ -548,6 +580,8 @@ class _Attention(keras.Operation):
         scale,
         return_attention_scores,
         sliding_window=None,
+        alibi=False,
+        logit_soft_cap=None,
         name=None,
     ):
         super().__init__(name=name)
@@ -555,6 +589,8 @@ class _Attention(keras.Operation):
         self.scale = scale
         self.return_attention_scores = return_attention_scores
         self.sliding_window = sliding_window
+        self.alibi = alibi
+        self.logit_soft_cap = logit_soft_cap
 
     def call(self, query, key, value, mask=None, query_ids=None, key_ids=None):
         return scaled_dot_product_attention(
@@ -567,6 +603,8 @@ class _Attention(keras.Operation):
             return_attention_scores=self.return_attention_scores,
             sliding_window=self.sliding_window,
             segment_ids=_segment_argument(query_ids, key_ids),
+            alibi=self.alibi,
+            logit_soft_cap=self.logit_soft_cap,
         )
 
     def compute_output_spec(
@@ -579,6 +617,8 @@ class _Attention(keras.Operation):
             self.is_causal,
             self.sliding_window,
             _segment_argument(query_ids, key_ids),
+            self.alibi,
+            self.logit_soft_cap,
         )
         output = keras.KerasTensor(
             (*query.shape[:-1], value.shape[-1]),
@@ -601,6 +641,8 @@ class _Attention(keras.Operation):
             "scale": self.scale,
             "return_attention_scores": self.return_attention_scores,
             "sliding_window": self.sliding_window,
+            "alibi": self.alibi,
+            "logit_soft_cap": self.logit_soft_cap,
         }
 
 
@@ -613,7 +655,9 @@ def _any_symbolic(*tensors) -> bool:
     return any(isinstance(x, keras.KerasTensor) for x in tensors)
 
 
-def attention_weights(query, key, mask=None, scale=None):
+def attention_weights(
+    query, key, mask=None, scale=None, *, soft_cap=None, bias=None
+):
     """The attention weights `softmax(scale · q kᵀ)` with masking.
 
     The first half of `scaled_dot_product_attention`, for callers that
@@ -625,6 +669,10 @@ def attention_weights(query, key, mask=None, scale=None):
         key: tensor `(B, S, H)` or `(B, S, K, H)`.
         mask: boolean tensor or `None`, as in `scaled_dot_product_attention`.
         scale: float, optional. Defaults to `1 / sqrt(H)`.
+        soft_cap: float, optional. Logits become
+            `soft_cap * tanh(logits / soft_cap)`.
+        bias: float tensor broadcastable to the logits, optional. Added
+            after the cap (an ALiBi bias, for example).
 
     Returns:
         Weights `(B, T, S)` or `(B, N, T, S)` in the query's dtype.
@@ -649,6 +697,11 @@ def attention_weights(query, key, mask=None, scale=None):
         logits = _grouped_logits(query, key)  # (B, N, T, S)
         if mask is not None:
             mask = _expand_mask(mask, 4)  # (B|1, N|1, T, S)
+    if soft_cap is not None:
+        cap = ops.cast(soft_cap, compute_dtype)
+        logits = cap * ops.tanh(logits / cap)
+    if bias is not None:
+        logits = logits + ops.cast(bias, compute_dtype)
     weights = masked_softmax(logits, mask)
     return ops.cast(weights, input_dtype)
 

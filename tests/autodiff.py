@@ -136,14 +136,17 @@ def _numpy(x):
     )
 
 
-def np_sdpa_grads(q, k, v, mask, causal, cotangent, scale=None):
+def np_sdpa_grads(
+    q, k, v, mask, causal, cotangent, scale=None, soft_cap=None, bias=None
+):
     """Float64 reference: output of attention and the gradients of
-    `Σ cotangent · output` w.r.t. `q`, `k`, `v` (3-D, 4-D, grouped)."""
+    `Σ cotangent · output` w.r.t. `q`, `k`, `v` (3-D, 4-D, grouped), with
+    an optional logit soft cap and additive bias `(N, T, S)`."""
     q, k, v, dout = (np.asarray(x, "float64") for x in (q, k, v, cotangent))
     single = q.ndim == 3
     if single:
         q, k, v, dout = (x[:, :, None] for x in (q, k, v, dout))
-    out, weights = np_sdpa(q, k, v, mask, causal, scale)  # 4-D, float64
+    out, weights = np_sdpa(q, k, v, mask, causal, scale, soft_cap, bias)
     batch, _, n, h = q.shape
     s, kv_heads = k.shape[1], k.shape[2]
     groups = n // kv_heads
@@ -152,6 +155,9 @@ def np_sdpa_grads(q, k, v, mask, causal, cotangent, scale=None):
     dweights = np.einsum("btnv,bsnv->bnts", dout, vr)
     dvr = np.einsum("bnts,btnv->bsnv", weights, dout)
     dlogits = weights * (dweights - (weights * dweights).sum(-1, keepdims=True))
+    if soft_cap is not None:  # through the cap's tanh
+        raw = np.einsum("btnh,bsnh->bnts", q, kr) * scale
+        dlogits = dlogits * (1.0 - np.tanh(raw / soft_cap) ** 2)
     dq = np.einsum("bnts,bsnh->btnh", dlogits, kr) * scale
     dkr = np.einsum("bnts,btnh->bsnh", dlogits, q) * scale
     dk = dkr.reshape(batch, s, kv_heads, groups, h).sum(3)

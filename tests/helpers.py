@@ -29,7 +29,9 @@ def np_masked_softmax(logits, mask):
     return np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
 
 
-def np_sdpa(q, k, v, mask=None, causal=False, scale=None):
+def np_sdpa(
+    q, k, v, mask=None, causal=False, scale=None, soft_cap=None, bias=None
+):
     """Reference scaled dot-product attention in float64.
 
     3-D `(B, T, H)` or 4-D `(B, T, N, H)` with `K <= N` key/value heads.
@@ -45,6 +47,10 @@ def np_sdpa(q, k, v, mask=None, causal=False, scale=None):
     k, v = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
     scale = 1.0 / np.sqrt(h) if scale is None else scale
     logits = np.einsum("btnh,bsnh->bnts", q, k) * scale
+    if soft_cap is not None:
+        logits = soft_cap * np.tanh(logits / soft_cap)
+    if bias is not None:
+        logits = logits + bias  # (N, T, S)
     full = np.ones((batch, n, t, s), bool)
     if mask is not None:
         mask = np.asarray(mask, bool)
@@ -91,6 +97,19 @@ def np_structure_mask(
                     if key_id == 0 or query_id != key_id:
                         visible[b, i, j] = False
     return visible
+
+
+def np_alibi_bias(num_heads, t, s, offset=0):
+    """`(N, T, S)`: `-m_n |i + offset - j|`, slopes written out as in
+    Press et al. 2022 (powers of two; other counts interleave)."""
+    slopes = {
+        1: [2**-8],
+        2: [2**-4, 2**-8],
+        4: [2**-2, 2**-4, 2**-6, 2**-8],
+        6: [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3],
+    }[num_heads]
+    i, j = np.arange(t)[:, None] + offset, np.arange(s)[None, :]
+    return -np.asarray(slopes)[:, None, None] * np.abs(i - j)
 
 
 def gradient(fn, x):

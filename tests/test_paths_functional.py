@@ -22,6 +22,7 @@ from tests.autodiff import cotangents
 from tests.autodiff import np_sdpa_grads
 from tests.autodiff import path_context
 from tests.autodiff import value_and_grads
+from tests.helpers import np_alibi_bias
 from tests.helpers import np_structure_mask
 from tests.helpers import rng
 
@@ -109,12 +110,22 @@ def check_sdpa(cases, q, k, v, mask, causal, **structure):
 
     outputs, grads, _ = value_and_grads(every_case, [q, k, v] * len(cases))
     seeds = cotangents([o.shape for o in outputs])
-    visible = np_structure_mask(q.shape[0], q.shape[1], k.shape[1], causal,
-                                **structure)  # fmt: skip
+    transform = {
+        "soft_cap": structure.pop("logit_soft_cap", None),
+        "bias": None,
+    }
+    batch, t, s = q.shape[0], q.shape[1], k.shape[1]
+    if structure.pop("alibi", False):
+        heads = 1 if q.ndim == 3 else q.shape[2]
+        offset = s - t if causal == "bottom_right" else 0
+        transform["bias"] = np_alibi_bias(heads, t, s, offset)
+    visible = np_structure_mask(batch, t, s, causal, **structure)
     if mask is not None:
         visible = visible & np.broadcast_to(mask, visible.shape)
     for i, (what, _, dtype) in enumerate(cases):
-        out, dq, dk, dv = np_sdpa_grads(q, k, v, visible, False, seeds[i])
+        out, dq, dk, dv = np_sdpa_grads(
+            q, k, v, visible, False, seeds[i], **transform
+        )
         assert_close(
             what,
             dtype,

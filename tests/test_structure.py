@@ -59,8 +59,29 @@ STRUCTURES = {
         "none",
         {"segment_ids": (PACKED[:, [0, 3, 7, 9]], PACKED)},
     ),
+    "alibi causal": ("gqa", 9, 9, "causal", {"alibi": True}),
+    "alibi bottom_right window": (
+        "4d",
+        4,
+        10,
+        "causal",
+        {"alibi": True, "sliding_window": 5},
+    ),
+    "soft cap": ("3d", 7, 6, "padding", {"logit_soft_cap": 1.5}),
+    "soft cap alibi segments": (
+        "gqa",
+        10,
+        10,
+        "padding+causal",
+        {"logit_soft_cap": 2.0, "alibi": True, "segment_ids": PACKED},
+    ),
 }
-BOTTOM_RIGHT = {"bottom_right T<S", "bottom_right T>S", "bottom_right window"}
+BOTTOM_RIGHT = {
+    "bottom_right T<S",
+    "bottom_right T>S",
+    "bottom_right window",
+    "alibi bottom_right window",
+}
 
 
 def structure_case(name):
@@ -209,7 +230,21 @@ def test_bottom_right_is_top_left_shifted_by_the_cache():
     )
 
 
+def test_alibi_slopes_follow_the_paper():
+    """Powers of two `2^(-8h/n)`; 6 heads take the 4-head slopes, then
+    every other slope of the 8-head set."""
+    slopes = _kernels.structure.alibi_slopes
+    assert slopes(8) == [2.0**-h for h in range(1, 9)]
+    assert slopes(4) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
+    assert slopes(6) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
+    assert slopes(1) == [2.0**-8]
+
+
 BAD_ARGUMENTS = [
+    ({"alibi": 1}, "Received: alibi=1"),
+    ({"logit_soft_cap": 0}, "Received: logit_soft_cap=0"),
+    ({"logit_soft_cap": -2.0}, "Received: logit_soft_cap=-2.0"),
+    ({"logit_soft_cap": float("inf")}, "Received: logit_soft_cap=inf"),
     ({"is_causal": "lower_right"}, "Received: is_causal='lower_right'"),
     ({"is_causal": 1.0}, "Received: is_causal=1.0"),
     ({"sliding_window": 0}, "at least 1.*Received: sliding_window=0"),

@@ -94,7 +94,7 @@ def select(query, key, value=None) -> str:
     return choose(query, key, value)[0]
 
 
-def choose(query, key, value=None, weights=False):
+def choose(query, key, value=None, weights=False, structure=None):
     """`(path, refused)`: the path attention takes for inputs of these
     shapes and dtypes (`weights=True`: the weights are needed too), and
     for each faster path not taken, why."""
@@ -106,6 +106,8 @@ def choose(query, key, value=None, weights=False):
     refused = {}
     if _has_fused_kernel():
         reason = None if value is None else fused.refusal(query, value)
+        if structure is not None and structure.soft_cap is not None:
+            reason = "logit soft-capping: the kernel has no such option"
         if reason is None:
             return "fused", refused
         refused["fused"] = reason
@@ -155,7 +157,7 @@ def attention(query, key, value, mask, structure, scale, reference):
     Returns:
         The output, `(B, T, V)` or `(B, T, N, V)`.
     """
-    path = select(query, key, value)
+    path = choose(query, key, value, structure=structure)[0]
     if path == "chunked" and None in (query.shape[1], key.shape[1]):
         path = "reference"  # a forced chunked path needs known lengths
     return PATHS[path](query, key, value, mask, structure, scale, reference)

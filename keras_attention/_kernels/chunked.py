@@ -64,6 +64,8 @@ class _Plan:
         self.query_blocks = -(-self.length // block)
         self.key_blocks = -(-self.key_length // block)
         self.structure = structure
+        self.soft_cap = structure.soft_cap
+        self.alibi = structure.alibi
         # Top-left causal: only the diagonal block needs the condition.
         self.is_causal = structure.is_top_left_causal
         # Any other structure: applied in every block visited.
@@ -310,6 +312,7 @@ def _forward(plan, query, key, value, tensors):
             running_max, total, acc = state
             k, v = _key_rows(key, j, c), _key_rows(value, j, c)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
+            logits, _ = _transform(plan, i, j, logits)
             logits = _hide(plan, tensors, i, j, logits, edge)
             new_max = ops.maximum(running_max, ops.max(logits, axis=-1))
             # Rows with no visible key yet subtract 0, so that their hidden
@@ -365,12 +368,15 @@ def _backward(plan, query, key, value, tensors, outputs, lse, grad):
             q = _query_rows(query, i, c)  # (P, G*C, H)
             do = _query_rows(grad, i, c)  # (P, G*C, V)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
+            logits, slope = _transform(plan, i, j, logits)
             logits = _hide(plan, tensors, i, j, logits, edge)
             # The forward's weights; hidden logits give exp(-1e30) = 0.
             p = ops.exp(logits - _query_rows(lse, i, c)[..., None])
             grad_v = grad_v + ops.matmul(ops.swapaxes(p, 1, 2), do)
             grad_p = ops.matmul(do, ops.swapaxes(v, 1, 2))  # (P, G*C, C)
             grad_logits = p * (grad_p - _query_rows(delta, i, c)[..., None])
+            if slope is not None:  # through the soft cap
+                grad_logits = grad_logits * slope
             grad_k = grad_k + ops.matmul(ops.swapaxes(grad_logits, 1, 2), q)
             grad_q = _query_rows(grad_query, i, c) + ops.matmul(grad_logits, k)
             grad_query = _write_rows(grad_query, grad_q, i, c, groups)
@@ -444,6 +450,27 @@ def _write_rows(tensor, rows, index, block, groups):
     rows = ops.reshape(rows, (-1, groups, block, *rows.shape[2:]))
     starts = [0, 0, index * block] + [0] * (len(tensor.shape) - 3)
     return ops.slice_update(tensor, starts, rows)
+
+
+def _transform(plan, i, j, logits):
+    """The logits `(P, G*C, C)` of block pair `(i, j)` soft-capped and
+    with the ALiBi bias, and the cap's derivative (or `None`)."""
+    slope = None
+    if plan.soft_cap is not None:
+        capped = ops.tanh(logits / plan.soft_cap)
+        logits, slope = plan.soft_cap * capped, 1.0 - capped * capped
+    if plan.alibi:
+        c = plan.block
+        rows = i * c + ops.arange(c)  # (C,) query rows
+        cols = j * c + ops.arange(c)  # (C,) key positions
+        bias = plan.structure.alibi_bias(
+            plan.heads, rows[:, None], cols[None, :]
+        )  # (N, C, C)
+        bias = ops.reshape(bias, (plan.kv_heads, plan.groups, c, c))
+        logits = ops.reshape(logits, (-1, plan.kv_heads, plan.groups, c, c))
+        logits = logits + ops.cast(bias, logits.dtype)
+        logits = ops.reshape(logits, (-1, plan.groups * c, c))
+    return logits, slope
 
 
 class _Edge:

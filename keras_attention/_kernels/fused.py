@@ -23,9 +23,12 @@ def fused_attention(query, key, value, mask, structure, scale, reference):
     flag, which lets it skip the masked blocks; any other structure is
     merged into the mask.
     """
-    if not _kernel_takes(query, value):
+    if not _kernel_takes(query, value) or structure.soft_cap is not None:
         return reference(query, key, value, mask, scale, structure)
-    is_causal = structure.is_top_left_causal and mask is None
+    # A kernel takes a bias or a causal flag, not both.
+    is_causal = (
+        structure.is_top_left_causal and mask is None and not structure.alibi
+    )
     if not is_causal:
         dense = structure.dense_mask(ops.shape(query)[1], ops.shape(key)[1])
         if dense is not None:
@@ -37,7 +40,10 @@ def fused_attention(query, key, value, mask, structure, scale, reference):
         query, key, value = (ops.expand_dims(x, 2) for x in (query, key, value))
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B|1, 1, T|1, S)
-    output = _kernel(query, key, value, mask, is_causal, scale)
+    bias = structure.dense_bias(
+        query.shape[2], ops.shape(query)[1], ops.shape(key)[1]
+    )  # (1, N, T, S) or None
+    output = _kernel(query, key, value, mask, is_causal, scale, bias)
     if mask is not None:
         visible = ops.any(mask, axis=-1)  # (B|1, N|1, T|1)
         visible = ops.expand_dims(ops.transpose(visible, (0, 2, 1)), -1)
@@ -70,8 +76,9 @@ def refusal(query, value):
     return None
 
 
-def _kernel(query, key, value, mask, is_causal, scale):
-    """The backend's fused kernel on `(B, T, N, H)` heads.
+def _kernel(query, key, value, mask, is_causal, scale, bias=None):
+    """The backend's fused kernel on `(B, T, N, H)` heads, with an
+    additive `bias` `(1, N, T, S)` if given.
 
     On PyTorch, `torch.nn.functional.scaled_dot_product_attention` is
     called on transposed views, with grouped-query heads left to the
@@ -85,8 +92,16 @@ def _kernel(query, key, value, mask, is_causal, scale):
         keras.backend.standardize_dtype(x.dtype) for x in (query, key, value)
     }
     if keras.backend.backend() != "torch" or len(dtypes) > 1:
+        if bias is not None:
+            bias = ops.cast(bias, query.dtype)
         return ops.dot_product_attention(
-            query, key, value, mask=mask, scale=scale, is_causal=is_causal
+            query,
+            key,
+            value,
+            bias=bias,
+            mask=mask,
+            scale=scale,
+            is_causal=is_causal,
         )  # (B, T, N, V)
     import torch
 
@@ -100,6 +115,9 @@ def _kernel(query, key, value, mask, is_causal, scale):
             torch.zeros((), dtype=query.dtype, device=query.device),
             torch.full((), negative, dtype=query.dtype, device=query.device),
         )
+    if bias is not None:
+        bias = ops.convert_to_tensor(bias).to(query.dtype)
+        mask = bias if mask is None else mask + bias
     grouped = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
     output = torch.nn.functional.scaled_dot_product_attention(
         query,

@@ -16,6 +16,8 @@ is unbounded) and, with segment ids, when both ids are equal and not 0.
 Shape legend: B batch, T query length, S key length.
 """
 
+import math
+
 import keras
 from keras import ops
 
@@ -32,10 +34,16 @@ class Structure:
             query's position (`None`: all of them).
         query_segments, key_segments: int tensors `(B, T)`, `(B, S)`, or
             `None`.
+        alibi: bool. Linear position biases `-m_n |p - j|` per head.
+        soft_cap: float or `None`. Logits become `cap tanh(logits / cap)`.
     """
 
-    def __init__(self, causal, offset, window, segments):
+    def __init__(
+        self, causal, offset, window, segments, alibi=False, soft_cap=None
+    ):
         self.causal = causal
+        self.alibi = alibi
+        self.soft_cap = soft_cap
         self.offset = offset
         left, right = window if window is not None else (None, None)
         if causal:
@@ -66,6 +74,21 @@ class Structure:
             and not self.has_segments
         )
 
+    def alibi_bias(self, num_heads, rows, cols):
+        """`-m_n |p_i - j|`, float32 `(N, R, C)` for query rows `rows`
+        `(R, 1)` and key positions `cols` `(1, C)`."""
+        distance = ops.abs(rows + self.offset - cols)  # (R, C)
+        slopes = ops.convert_to_tensor(alibi_slopes(num_heads), "float32")
+        return -slopes[:, None, None] * ops.cast(distance, "float32")
+
+    def dense_bias(self, num_heads, query_length, key_length):
+        """The ALiBi bias `(1, N, T, S)`, or `None` without ALiBi."""
+        if not self.alibi:
+            return None
+        rows = ops.expand_dims(ops.arange(query_length), 1)  # (T, 1)
+        cols = ops.expand_dims(ops.arange(key_length), 0)  # (1, S)
+        return ops.expand_dims(self.alibi_bias(num_heads, rows, cols), 0)
+
     def band_visible(self, rows, cols):
         """The band at query rows `rows` and key positions `cols`
         (broadcasting integer tensors), or `None` without a band."""
@@ -95,6 +118,18 @@ class Structure:
         return visible
 
 
+def alibi_slopes(num_heads):
+    """The head slopes of ALiBi (Press et al. 2022): `2^(-8 h / n)` for
+    `h = 1..n` heads when `n` is a power of two; otherwise those of the
+    largest power of two below, then every other slope of twice that."""
+
+    def powers(n):
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    base = 2 ** math.floor(math.log2(num_heads))
+    return powers(base) + powers(2 * base)[0::2][: num_heads - base]
+
+
 def segments_visible(query_segments, key_segments):
     """`(B, T, S)`: equal segment ids, key id not 0 (padding)."""
     queries = ops.expand_dims(query_segments, 2)  # (B, T, 1)
@@ -104,7 +139,7 @@ def segments_visible(query_segments, key_segments):
 
 def normalize(
     where, batch, query_length, key_length, is_causal, sliding_window,
-    segment_ids,
+    segment_ids, alibi=False, logit_soft_cap=None,
 ):  # fmt: skip
     """Checks the structural arguments of a call with `batch` rows, `T =
     query_length` queries and `S = key_length` keys (ints, `None` where
@@ -118,10 +153,26 @@ def normalize(
     segments = _segments(
         where, (batch, query_length), (batch, key_length), segment_ids
     )
+    if not isinstance(alibi, bool):
+        raise ValueError(
+            f"{where}: `alibi` must be True or False. Received: alibi={alibi!r}"
+        )
+    if logit_soft_cap is not None and not (
+        isinstance(logit_soft_cap, (int, float))
+        and not isinstance(logit_soft_cap, bool)
+        and 0 < logit_soft_cap < math.inf
+    ):
+        raise ValueError(
+            f"{where}: `logit_soft_cap` must be a positive finite number or "
+            f"None. Received: logit_soft_cap={logit_soft_cap!r}"
+        )
     offset = 0
     if alignment == "bottom_right":
         offset = key_length - query_length
-    return Structure(bool(is_causal), offset, window_, segments)
+    soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
+    return Structure(
+        bool(is_causal), offset, window_, segments, alibi, soft_cap
+    )
 
 
 def lengths(query, key):
