@@ -467,15 +467,50 @@ def scaled_dot_product_attention(
         alibi,
         logit_soft_cap,
     )
+    return _attention(
+        query, key, value, mask, structure, scale, return_attention_scores
+    )
+
+
+def _attention(query, key, value, mask, structure, scale=None, weights=False):
+    """Attention on checked inputs and a normalised structure: the
+    dispatched path, or the reference with its weights (`weights=True`).
+    The layers call it directly when their queries stand at a known
+    offset among a static-size KV cache."""
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     if mask is not None:
         mask = _expand_mask(mask, len(query.shape))  # the weights' rank
-    if return_attention_scores:
+    if weights:
         return _reference(query, key, value, mask, scale, structure, True)
     return _kernels.attention(
         query, key, value, mask, structure, scale, reference=_reference
     )
+
+
+def _structure(query, key, offset=None, **arguments):
+    """The normalised structure of `arguments` (those of
+    `scaled_dot_product_attention`) for a call on `query` and `key`; with
+    `offset`, query `i` stands at position `offset + i` among the keys
+    (as with a static-size KV cache). Arguments are checked by the
+    caller."""
+    structure = _kernels.structure.normalize(
+        _FN,
+        *_kernels.structure.lengths(query, key),
+        arguments.get("is_causal", False),
+        arguments.get("sliding_window"),
+        arguments.get("segment_ids"),
+        arguments.get("alibi", False),
+        arguments.get("logit_soft_cap"),
+    )
+    if offset is not None:
+        structure.offset = offset
+    return structure
+
+
+def _weights(query, key, mask, structure):
+    """The reference weights `(B, N, T, S)` with the structure applied."""
+    return _reference(query, key, None, mask, None, structure, weights=True)
 
 
 def explain(
@@ -544,10 +579,20 @@ def _segment_pair(segment_ids):
 
 
 def _reference(
-    query, key, value, mask, scale, structure=None, with_weights=False
+    query,
+    key,
+    value,
+    mask,
+    scale,
+    structure=None,
+    with_weights=False,
+    weights=False,
 ):
     """The reference path: the whole weight matrix, then the values, with
-    the structure (a `_kernels.structure.Structure`) as a dense mask."""
+    the structure (a `_kernels.structure.Structure`) as a dense mask and
+    bias; `weights=True` returns the weights alone."""
+    if mask is not None:
+        mask = _expand_mask(mask, len(query.shape))  # the weights' rank
     bias, soft_cap = None, None
     if structure is not None:
         query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
@@ -559,11 +604,13 @@ def _reference(
         if bias is not None and len(query.shape) == 3:
             bias = bias[:, 0]  # (1, T, S)
         soft_cap = structure.soft_cap
-    weights = attention_weights(
+    probabilities = attention_weights(
         query, key, mask, scale, soft_cap=soft_cap, bias=bias
     )
-    output = attend(weights, value)
-    return (output, weights) if with_weights else output
+    if weights:
+        return probabilities
+    output = attend(probabilities, value)
+    return (output, probabilities) if with_weights else output
 
 
 @keras.saving.register_keras_serializable(

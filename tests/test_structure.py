@@ -393,6 +393,14 @@ def test_layers_name_bad_structure_arguments():
         ValueError, match=r"TransformerDecoderBlock .*sliding_window=\(2,\)"
     ):
         ka.TransformerDecoderBlock(2, 8, sliding_window=(2,))
+    with pytest.raises(
+        ValueError, match=r"CrossAttention .*Received: logit_soft_cap=0"
+    ):
+        ka.CrossAttention(2, logit_soft_cap=0)
+    with pytest.raises(
+        ValueError, match=r"TransformerEncoderBlock .*Received: alibi='yes'"
+    ):
+        ka.TransformerEncoderBlock(2, 8, alibi="yes")
     layer = ka.MultiHeadSelfAttention(2, name="s")
     x = np.zeros((2, 5, 8), "float32")
     with pytest.raises(
@@ -411,7 +419,9 @@ def test_layers_name_bad_structure_arguments():
 
 
 def test_sliding_window_survives_the_config_round_trip(tmp_path):
-    block = ka.TransformerDecoderBlock(2, 16, sliding_window=(3, 0))
+    block = ka.TransformerDecoderBlock(
+        2, 16, sliding_window=(3, 0), alibi=True, logit_soft_cap=5.0
+    )
     x = rng(8).standard_normal((1, 7, 8)).astype("float32")
     model = keras.Sequential([keras.Input((7, 8)), block])
     path = str(tmp_path / "window.keras")
@@ -419,6 +429,8 @@ def test_sliding_window_survives_the_config_round_trip(tmp_path):
     loaded = keras.saving.load_model(path)
     assert loaded.layers[0].sliding_window == (3, 0)
     assert loaded.layers[0].self_attention.sliding_window == (3, 0)
+    assert loaded.layers[0].self_attention.alibi is True
+    assert loaded.layers[0].self_attention.logit_soft_cap == 5.0
     np.testing.assert_array_equal(
         ops.convert_to_numpy(loaded(x)), ops.convert_to_numpy(model(x))
     )

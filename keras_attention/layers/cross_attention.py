@@ -53,6 +53,10 @@ class CrossAttention(MultiHeadCore):
             query `i` sees source positions `i - left` to `i + right` (an
             int `w` is `(w - 1, 0)`), as in Luong et al.'s local
             attention with monotonic alignment. Defaults to `None`.
+        alibi: bool. ALiBi position biases `-m_n |i - j|`. Defaults to
+            `False`.
+        logit_soft_cap: float, optional. Soft cap of the logits,
+            `cap * tanh(logits / cap)`. Defaults to `None`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -99,6 +103,8 @@ class CrossAttention(MultiHeadCore):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         sliding_window: int | tuple[int, int] | None = None,
+        alibi: bool = False,
+        logit_soft_cap: float | None = None,
         **kwargs,
     ):
         rotary = {k: kwargs.pop(k) for k in _ROTARY_ARGUMENTS if k in kwargs}
@@ -112,6 +118,8 @@ class CrossAttention(MultiHeadCore):
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             sliding_window=sliding_window,
+            alibi=alibi,
+            logit_soft_cap=logit_soft_cap,
             **kwargs,
         )
         if rotary:

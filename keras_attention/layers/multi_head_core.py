@@ -5,7 +5,6 @@ N query heads, K key/value heads, H head dim, V value head dim.
 """
 
 import keras
-from keras import ops
 
 from keras_attention import _explain
 from keras_attention import _kernels
@@ -43,6 +42,8 @@ class MultiHeadCore(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         sliding_window: int | tuple[int, int] | None = None,
+        alibi: bool = False,
+        logit_soft_cap: float | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -59,6 +60,8 @@ class MultiHeadCore(keras.layers.Layer):
         if isinstance(sliding_window, list):  # from a JSON config
             sliding_window = tuple(sliding_window)
         self.sliding_window = sliding_window
+        self.alibi = alibi
+        self.logit_soft_cap = logit_soft_cap
         self._validate_arguments()
         self.supports_masking = True
 
@@ -81,6 +84,8 @@ class MultiHeadCore(keras.layers.Layer):
                     self.bias_initializer
                 ),
                 "sliding_window": self.sliding_window,
+                "alibi": self.alibi,
+                "logit_soft_cap": self.logit_soft_cap,
             }
         )
         return config
@@ -167,8 +172,17 @@ class MultiHeadCore(keras.layers.Layer):
                 f"num_heads={self.num_heads}, "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
-        # (left, right) keys each side of a query's position, or None.
-        self._window = _kernels.structure.window(where, self.sliding_window)
+        _kernels.structure.normalize(
+            where,
+            None,
+            1,
+            1,
+            False,
+            self.sliding_window,
+            None,
+            self.alibi,
+            self.logit_soft_cap,
+        )  # checks the structural arguments
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(
                 f"{self._where()}: `dropout` must be in [0, 1). "
@@ -282,47 +296,43 @@ class MultiHeadCore(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
         segment_ids=None,
-        windowed=True,
+        offset=None,
     ):
         """Attention over heads and the output projection, with the
-        layer's sliding window unless `windowed=False` (a cached call has
-        it in `mask` already).
+        layer's structure (window, ALiBi, soft cap); with `offset`, the
+        queries stand at positions `offset + i` among the keys (a
+        static-size KV cache).
 
         Returns `(outputs, scores)`, scores `(B, N, T, S)` or `None`.
         """
         scores = None
-        structure = {
-            "is_causal": is_causal,
-            "sliding_window": self.sliding_window if windowed else None,
-            "segment_ids": segment_ids,
-        }
+        structure = functional._structure(
+            query_heads,
+            key_heads,
+            offset=offset,
+            is_causal=is_causal,
+            sliding_window=self.sliding_window,
+            segment_ids=segment_ids,
+            alibi=self.alibi,
+            logit_soft_cap=self.logit_soft_cap,
+        )
         if self.dropout > 0 and training:
-            dense = functional.structure_mask(
-                ops.shape(query_heads)[1], ops.shape(key_heads)[1], **structure
-            )  # (B|1, T, S)
-            mask = functional.merge_masks(mask, dense)
-            scores = functional.attention_weights(
-                query_heads, key_heads, mask
+            scores = functional._weights(
+                query_heads, key_heads, mask, structure
             )  # (B, N, T, S)
             dropped = self.attention_dropout(scores, training=training)
             heads = functional.attend(dropped, value_heads)  # (B, T, N, V)
-        elif return_attention_scores:
-            heads, scores = functional.scaled_dot_product_attention(
-                query_heads,
-                key_heads,
-                value_heads,
-                mask=mask,
-                return_attention_scores=True,
-                **structure,
-            )
         else:
-            heads = functional.scaled_dot_product_attention(
+            heads = functional._attention(
                 query_heads,
                 key_heads,
                 value_heads,
-                mask=mask,
-                **structure,
+                mask,
+                structure,
+                weights=return_attention_scores,
             )  # (B, T, N, V)
+            if return_attention_scores:
+                heads, scores = heads
         return invoke(self.output_dense, heads), scores  # (B, T, D)
 
     def _check_segments(self, segment_ids, batch, length, key_length):

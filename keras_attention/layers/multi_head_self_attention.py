@@ -60,6 +60,12 @@ class MultiHeadSelfAttention(MultiHeadCore):
             positions before and `right` after. With a cache the window
             is kept over the cached positions. The blockwise path skips
             the key blocks outside the window. Defaults to `None`.
+        alibi: bool. Linear position biases on the logits (ALiBi, Press
+            et al. 2022), one slope per head; usually instead of position
+            embeddings. Defaults to `False`.
+        logit_soft_cap: float, optional. Caps the logits smoothly,
+            `cap * tanh(logits / cap)` (as in Gemma 2). Defaults to
+            `None`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -238,12 +244,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
         # alignment): query i stands at position cache_index + i.
         last = cache_index + ops.shape(inputs)[1]
         written = ops.expand_dims(ops.arange(max_length) < last, 0)  # (1, S)
-        band = _kernels.structure.Structure(
-            use_causal_mask, cache_index, self._window, (None, None)
-        ).dense_mask(ops.shape(inputs)[1], max_length)  # (1, T, S_max)
         full_mask = functional.merge_masks(
-            written,
-            band,
+            ops.expand_dims(written, 0),  # (1, 1, S_max)
             functional.padding_to_attention_mask(padding_mask),
             attention_mask,
         )
@@ -252,9 +254,10 @@ class MultiHeadSelfAttention(MultiHeadCore):
             ops.cast(keys, query.dtype),
             ops.cast(values, query.dtype),
             full_mask,
+            is_causal=use_causal_mask,
             return_attention_scores=return_attention_scores,
             training=training,
-            windowed=False,
+            offset=cache_index,
         )
         if return_attention_scores:
             return outputs, scores, cache

@@ -37,6 +37,8 @@ class TransformerBlockBase(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         sliding_window: int | tuple[int, int] | None = None,
+        alibi: bool = False,
+        logit_soft_cap: float | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -70,8 +72,13 @@ class TransformerBlockBase(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         if isinstance(sliding_window, list):  # from a JSON config
             sliding_window = tuple(sliding_window)
-        _kernels.structure.window(where, sliding_window)
+        _kernels.structure.normalize(
+            where, None, 1, 1, False, sliding_window, None, alibi,
+            logit_soft_cap,
+        )  # fmt: skip
         self.sliding_window = sliding_window
+        self.alibi = alibi
+        self.logit_soft_cap = logit_soft_cap
         self.supports_masking = True
         # Built now so that bad head arguments fail at construction.
         self.self_attention = MultiHeadSelfAttention(
@@ -83,6 +90,8 @@ class TransformerBlockBase(keras.layers.Layer):
             kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer,
             sliding_window=sliding_window,
+            alibi=alibi,
+            logit_soft_cap=logit_soft_cap,
             dtype=self.dtype_policy,
             name="self_attention",
         )
@@ -107,6 +116,8 @@ class TransformerBlockBase(keras.layers.Layer):
                     self.bias_initializer
                 ),
                 "sliding_window": self.sliding_window,
+                "alibi": self.alibi,
+                "logit_soft_cap": self.logit_soft_cap,
             }
         )
         return config

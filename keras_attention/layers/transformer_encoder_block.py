@@ -45,6 +45,10 @@ class TransformerEncoderBlock(TransformerBlockBase):
             self-attention (see `MultiHeadSelfAttention`): an int `w`
             lets each position see itself and the `w - 1` before it.
             Defaults to `None`.
+        alibi: bool. ALiBi position biases in the self-attention.
+            Defaults to `False`.
+        logit_soft_cap: float, optional. Soft cap of the self-attention
+            logits, `cap * tanh(logits / cap)`. Defaults to `None`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
