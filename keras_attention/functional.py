@@ -534,12 +534,17 @@ def explain(
     and segment structure is applied on that path. Nothing is computed.
 
     Args:
-        query, key: tensors (or `keras.KerasTensor` shapes), as in
+        query: tensor (or a `keras.KerasTensor` of its shape), as in
             `scaled_dot_product_attention`.
+        key: tensor or `keras.KerasTensor`, as there.
         value: tensor, optional. Defaults to `key`.
-        mask, is_causal, sliding_window, segment_ids,
-            return_attention_scores, alibi, logit_soft_cap: as in
-            `scaled_dot_product_attention`.
+        mask: as in `scaled_dot_product_attention`.
+        is_causal: as there.
+        sliding_window: as there.
+        segment_ids: as there.
+        return_attention_scores: as there.
+        alibi: as there.
+        logit_soft_cap: as there.
 
     Returns:
         An `Explanation`: `.path` (`"fused"`, `"chunked"` or

@@ -111,6 +111,16 @@ class MultiHeadCore(keras.layers.Layer):
         dtype and sliding window at `length` queries and `key_length`
         keys (defaults to `length`).
 
+        Args:
+            length: int. T, the number of queries.
+            key_length: int, optional. S. Defaults to `length`.
+            use_causal_mask: bool. As in `call`. Defaults to `False`.
+            segment_ids: int tensor `(batch_size, T)`, optional.
+            return_attention_scores: bool. Defaults to `False`.
+            training: bool. Attention dropout is active in training.
+                Defaults to `False`.
+            batch_size: int. B. Defaults to `1`.
+
         Returns:
             An `Explanation` (`.path`, `.refused`, `.structure`).
         """
