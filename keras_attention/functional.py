@@ -154,6 +154,47 @@ def structure_mask(
     return mask
 
 
+def segment_positions(segment_ids):
+    """Positions that restart at 0 at the start of each packed sequence.
+
+    A sequence starts where the id differs from the previous token's.
+    Position layers given `segment_ids` use these positions, so that a
+    sequence packed after others gets the positions it would have alone.
+
+    Args:
+        segment_ids: int tensor `(B, T)`.
+
+    Returns:
+        Int32 tensor `(B, T)`.
+
+    Examples:
+        >>> import keras
+        >>> p = segment_positions([[1, 1, 1, 2, 2, 3, 0, 0]])
+        >>> print(keras.ops.convert_to_numpy(p))
+        [[0 1 2 0 1 0 0 1]]
+    """
+    ids = ops.cast(ops.convert_to_tensor(segment_ids), "int32")  # (B, T)
+    index = ops.broadcast_to(
+        ops.arange(ops.shape(ids)[1], dtype="int32"), ops.shape(ids)
+    )  # (B, T)
+    changed = ops.not_equal(ids[:, 1:], ids[:, :-1])  # (B, T - 1)
+    starts = ops.concatenate(
+        [ops.ones_like(changed[:, :1]), changed], axis=1
+    )  # (B, T)
+    last_start = ops.associative_scan(
+        ops.maximum, ops.where(starts, index, ops.zeros_like(index)), axis=1
+    )  # (B, T): the index where each token's sequence starts
+    return ops.cast(index - last_start, "int32")
+
+
+def _angles_at(positions, dim, max_wavelength):
+    """`position_angles` at explicit positions `(B, T)`: `(B, T, ⌈D/2⌉)`."""
+    positions = ops.cast(positions, "float32")
+    exponents = ops.arange(0, dim, 2, dtype="float32") / dim  # (⌈D/2⌉,)
+    inverse = ops.power(float(max_wavelength), -exponents)
+    return ops.expand_dims(positions, -1) * inverse  # (B, T, ⌈D/2⌉)
+
+
 def position_angles(length, dim: int, start_index=0, max_wavelength=1e4):
     """The angles `p / m^(2i/D)` of sinusoidal and rotary positions.
 

@@ -65,6 +65,7 @@ PUBLIC_FUNCTIONS = [
     "padding_to_attention_mask",
     "position_angles",
     "scaled_dot_product_attention",
+    "segment_positions",
     "structure_mask",
 ]
 DOCTESTED_MODULES = [

@@ -488,3 +488,103 @@ def test_layer_explain_names_dropout_and_the_window():
         assert "dense" in report.structure
     with pytest.raises(ValueError, match="needs a built layer"):
         ka.MultiHeadSelfAttention(2).explain(8)
+
+
+def test_segment_positions_restart_at_each_sequence():
+    ids = rng(11).integers(0, 3, (3, 17))
+    expected = np.zeros_like(ids)
+    for b in range(ids.shape[0]):
+        for t in range(1, ids.shape[1]):
+            same = ids[b, t] == ids[b, t - 1]
+            expected[b, t] = expected[b, t - 1] + 1 if same else 0
+    got = ops.convert_to_numpy(F.segment_positions(ids))
+    np.testing.assert_array_equal(got, expected)
+
+
+LENGTHS = (3, 5, 2)  # three sequences packed into one row of 10
+
+
+def _packed(generator, dim):
+    """Three sequences alone and packed into one row (then padding)."""
+    alone = [
+        generator.standard_normal((1, n, dim)).astype("float32")
+        for n in LENGTHS
+    ]
+    row = np.concatenate(alone, axis=1)  # (1, 10, D)
+    ids = np.repeat(np.arange(1, 4), LENGTHS)[None]  # (1, 10)
+    return alone, row, ids
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ka.PositionEmbedding(12),
+        lambda: ka.PositionalEncoding(),
+        lambda: ka.RotaryEmbedding(),
+        lambda: ka.MultiHeadSelfAttention(
+            4, num_key_value_heads=2, use_rotary=True
+        ),
+        lambda: ka.TransformerDecoderBlock(2, 16, use_rotary=True),
+    ],
+    ids=["PositionEmbedding", "PositionalEncoding", "RotaryEmbedding",
+         "MultiHeadSelfAttention", "TransformerDecoderBlock"],
+)  # fmt: skip
+def test_packed_sequences_equal_each_sequence_alone(make):
+    """With `segment_ids`, each packed sequence gets exactly the outputs
+    it gets alone: positions restart, attention stays inside it."""
+    layer = make()
+    alone, row, ids = _packed(rng(12), 8)
+    arguments = {"segment_ids": ids}
+    if isinstance(layer, ka.MultiHeadSelfAttention):
+        arguments["use_causal_mask"] = True
+    packed = ops.convert_to_numpy(layer(row, **arguments))
+    separate = [
+        ops.convert_to_numpy(
+            layer(x, use_causal_mask=True)
+            if isinstance(layer, ka.MultiHeadSelfAttention)
+            else layer(x)
+        )
+        for x in alone
+    ]
+    np.testing.assert_allclose(
+        packed, np.concatenate(separate, axis=1), atol=1e-5
+    )
+
+
+def test_explicit_positions_are_the_positions_used():
+    layer = ka.PositionEmbedding(10)
+    x = np.zeros((2, 3, 4), "float32")
+    positions = np.array([[0, 5, 9], [2, 2, 1]])
+    out = ops.convert_to_numpy(layer(x, positions=positions))
+    table = ops.convert_to_numpy(layer.embeddings)
+    np.testing.assert_allclose(out, table[positions], atol=1e-7)
+    rope = ka.RotaryEmbedding()
+    q = rng(13).standard_normal((1, 3, 2, 4)).astype("float32")
+    shifted = rope(q, positions=np.array([[4, 5, 6]]))
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(shifted),
+        ops.convert_to_numpy(rope(q, start_index=4)),
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (
+            {"positions": np.zeros((1, 3), "int32"),
+             "segment_ids": np.ones((1, 3), "int32")},
+            "not both",
+        ),
+        ({"positions": np.zeros((1, 4), "int32")}, r"\(B, T\)=\(1, 3\)"),
+        ({"positions": np.zeros((1, 3), "float32")}, "dtype=float32"),
+        ({"positions": np.array([[0, -1, 2]])}, "must be >= 0"),
+        ({"positions": np.array([[0, 1, 10]])}, "below `max_length` \\(10\\)"),
+    ],
+)  # fmt: skip
+def test_bad_positions_are_named(arguments, message):
+    layer = ka.PositionEmbedding(10, name="pe")
+    with pytest.raises(
+        ValueError, match=rf"PositionEmbedding \(layer 'pe'\): .*{message}"
+    ):
+        layer(np.zeros((1, 3, 4), "float32"), **arguments)

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attention import functional
 from keras_attention._kernels import static_int
 
 
@@ -118,3 +119,45 @@ def check_batch_and_length(where: str, query_shape, value_shape, key_shape):
                 f"value.shape={tuple(value_shape)}, "
                 f"key.shape={tuple(key_shape)}"
             )
+
+
+def explicit_positions(where, inputs, positions, segment_ids):
+    """The positions `(B, T)` a position layer uses instead of
+    `start_index + arange(T)`: `positions` as given, or those of
+    `functional.segment_positions(segment_ids)`; `None` without either."""
+    if positions is not None and segment_ids is not None:
+        raise ValueError(
+            f"{where}: pass `positions` or `segment_ids`, not both. "
+            "Received: both"
+        )
+    given, name = (
+        (positions, "positions")
+        if positions is not None
+        else (segment_ids, "segment_ids")
+    )
+    if given is None:
+        return None
+    if not isinstance(given, keras.KerasTensor):
+        given = ops.convert_to_tensor(given)
+    dtype = keras.backend.standardize_dtype(given.dtype)
+    expected = (inputs.shape[0], inputs.shape[1])
+    shape = tuple(given.shape)
+    if (
+        "int" not in dtype
+        or len(shape) != 2
+        or any(a is not None and b is not None and a != b
+               for a, b in zip(shape, expected, strict=True))
+    ):  # fmt: skip
+        raise ValueError(
+            f"{where}: `{name}` must be integers of shape (B, T)={expected}. "
+            f"Received: {name}.shape={shape}, dtype={dtype}"
+        )
+    if positions is None:
+        return functional.segment_positions(given)
+    lowest = static_int(ops.min(given))
+    if lowest is not None and lowest < 0:
+        raise ValueError(
+            f"{where}: `positions` must be >= 0. Received: a position of "
+            f"{lowest}"
+        )
+    return ops.cast(given, "int32")

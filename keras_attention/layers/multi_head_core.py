@@ -280,21 +280,23 @@ class MultiHeadCore(keras.layers.Layer):
         layer.build(input_shape)
         return layer
 
-    def _project_query(self, query, start_index=0):
+    def _project_query(self, query, start_index=0, segment_ids=None):
         heads = invoke(self.query_dense, query)  # (B, T, N, H)
         if self.use_rotary:
-            heads = invoke(
-                self.rotary_embedding, heads, start_index=start_index
-            )
+            heads = self._rotate(heads, start_index, segment_ids)
         return heads
 
-    def _project_key_value(self, key, value, start_index=0):
+    def _project_key_value(self, key, value, start_index=0, segment_ids=None):
         key_heads = invoke(self.key_dense, key)  # (B, S, K, H)
         if self.use_rotary:
-            key_heads = invoke(
-                self.rotary_embedding, key_heads, start_index=start_index
-            )
+            key_heads = self._rotate(key_heads, start_index, segment_ids)
         return key_heads, invoke(self.value_dense, value)  # (B, S, K, V)
+
+    def _rotate(self, heads, start_index, segment_ids):
+        """Rotary positions; packed sequences restart at position 0."""
+        if segment_ids is None:
+            return invoke(self.rotary_embedding, heads, start_index=start_index)
+        return invoke(self.rotary_embedding, heads, segment_ids=segment_ids)
 
     def _attend(
         self,

@@ -85,8 +85,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
             NumPy or host tensor); one that is traced (inside a compiled
             function) or on an accelerator is clipped so that they fit.
         segment_ids: int tensor `(B, T)`, optional. Packed sequences:
-            positions attend only within equal ids; id `0` is padding.
-            Not with a `cache`.
+            positions attend only within equal ids; id `0` is padding;
+            rotary positions restart at each sequence. Not with a
+            `cache`.
         training: bool. Whether dropout is active.
         mask, inputs_mask: the implicit Keras mask of `inputs`, filled in by
             Keras; not passed by hand.
@@ -166,8 +167,11 @@ class MultiHeadSelfAttention(MultiHeadCore):
             functional.padding_to_attention_mask(padding_mask),
             attention_mask,
         )  # (B, T, T)
-        query = self._project_query(inputs)
-        key, value = self._project_key_value(inputs, inputs)
+        # Packed sequences restart their rotary positions.
+        query = self._project_query(inputs, segment_ids=segment_ids)
+        key, value = self._project_key_value(
+            inputs, inputs, segment_ids=segment_ids
+        )
         outputs, scores = self._attend(
             query,
             key,

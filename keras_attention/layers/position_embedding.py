@@ -32,6 +32,12 @@ class PositionEmbedding(keras.layers.Layer):
             `ValueError` when the index is known; one that is traced,
             inside a compiled function, or on an accelerator is clipped to
             `max_length - T`).
+        positions: int tensor `(B, T)`, optional. Explicit positions,
+            instead of `start_index + t`.
+        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+            positions restart at 0 where each sequence starts
+            (`functional.segment_positions`). Positions must be below
+            `max_length`.
 
     Returns:
         `inputs + E[start_index : start_index + T]`, shape `(B, T, D)`.
@@ -77,9 +83,22 @@ class PositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         where = f"PositionEmbedding (layer '{self.name}')"
         checks.check_start_index(where, start_index)
+        positions = checks.explicit_positions(
+            where, inputs, positions, segment_ids
+        )
+        if positions is not None:
+            highest = checks.static_int(ops.max(positions))
+            if highest is not None and highest >= self.max_length:
+                raise ValueError(
+                    f"{where}: positions must be below `max_length` "
+                    f"({self.max_length}). Received: a position of {highest}"
+                )
+            table = ops.convert_to_tensor(self.embeddings)
+            vectors = ops.take(table, positions, axis=0)  # (B, T, D)
+            return inputs + ops.cast(vectors, inputs.dtype)
         start_index = checks.check_index_range(
             where,
             "start_index",

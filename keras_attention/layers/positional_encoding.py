@@ -33,6 +33,11 @@ class PositionalEncoding(keras.layers.Layer):
         inputs: tensor `(B, T, D)`.
         start_index: int or scalar int tensor. The position of the first
             step, for incremental decoding. Defaults to `0`.
+        positions: int tensor `(B, T)`, optional. Explicit positions,
+            instead of `start_index + t`.
+        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+            positions restart at 0 where each sequence starts
+            (`functional.segment_positions`).
 
     Returns:
         `inputs + PE[start_index : start_index + T]`, shape `(B, T, D)`.
@@ -69,16 +74,24 @@ class PositionalEncoding(keras.layers.Layer):
             )
         self.built = True
 
-    def call(self, inputs, start_index=0):
-        checks.check_start_index(
-            f"PositionalEncoding (layer '{self.name}')", start_index
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
+        where = f"PositionalEncoding (layer '{self.name}')"
+        checks.check_start_index(where, start_index)
+        positions = checks.explicit_positions(
+            where, inputs, positions, segment_ids
         )
         length, dim = ops.shape(inputs)[1], inputs.shape[-1]
-        angles = functional.position_angles(
-            length, dim, start_index, self.max_wavelength
-        )  # (T, ⌈D/2⌉)
+        if positions is None:
+            angles = functional.position_angles(
+                length, dim, start_index, self.max_wavelength
+            )[None]  # (1, T, ⌈D/2⌉)
+        else:
+            angles = functional._angles_at(
+                positions, dim, self.max_wavelength
+            )  # (B, T, ⌈D/2⌉)
         encoding = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)
-        encoding = ops.reshape(encoding, (length, -1))[:, :dim]  # (T, D)
+        encoding = ops.reshape(encoding, (-1, length, 2 * angles.shape[-1]))
+        encoding = encoding[:, :, :dim]  # (B|1, T, D)
         return inputs + ops.cast(encoding, inputs.dtype)
 
     def compute_output_shape(self, inputs_shape):

@@ -37,6 +37,11 @@ class RotaryEmbedding(keras.layers.Layer):
         inputs: tensor `(B, T, H)` or `(B, T, N, H)` with even `H`.
         start_index: int or scalar int tensor. The position of the first
             step, for incremental decoding. Defaults to `0`.
+        positions: int tensor `(B, T)`, optional. Explicit positions,
+            instead of `start_index + t`.
+        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+            positions restart at 0 where each sequence starts
+            (`functional.segment_positions`).
 
     Returns:
         The rotated tensor, same shape and dtype.
@@ -73,17 +78,24 @@ class RotaryEmbedding(keras.layers.Layer):
             )
         self.built = True
 
-    def call(self, inputs, start_index=0):
-        checks.check_start_index(
-            f"RotaryEmbedding (layer '{self.name}')", start_index
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
+        where = f"RotaryEmbedding (layer '{self.name}')"
+        checks.check_start_index(where, start_index)
+        positions = checks.explicit_positions(
+            where, inputs, positions, segment_ids
         )
         length, dim = ops.shape(inputs)[1], inputs.shape[-1]
-        angles = functional.position_angles(
-            length, dim, start_index, self.max_wavelength
-        )  # (T, H/2)
-        angles = ops.concatenate([angles, angles], axis=-1)  # (T, H)
+        if positions is None:
+            angles = functional.position_angles(
+                length, dim, start_index, self.max_wavelength
+            )  # (T, H/2)
+        else:
+            angles = functional._angles_at(
+                positions, dim, self.max_wavelength
+            )  # (B, T, H/2)
+        angles = ops.concatenate([angles, angles], axis=-1)  # (B|, T, H)
         if len(inputs.shape) == 4:
-            angles = ops.expand_dims(angles, 1)  # (T, 1, H)
+            angles = ops.expand_dims(angles, -2)  # (B|, T, 1, H)
         cos = ops.cast(ops.cos(angles), inputs.dtype)
         sin = ops.cast(ops.sin(angles), inputs.dtype)
         first, second = ops.split(inputs, 2, axis=-1)
