@@ -62,7 +62,7 @@ def explain(query, key, value, mask, structure, weights, reason=None):
 def _lowering(path, mask, structure):
     parts = []
     if structure.is_empty and not structure.causal:
-        parts.append("none")
+        parts.append("no mask structure")
     elif path == "chunked":
         if structure.is_top_left_causal:
             parts.append(
@@ -76,10 +76,19 @@ def _lowering(path, mask, structure):
             )
         if structure.has_segments:
             parts.append("segment ids compared block by block")
-    elif path == "fused" and structure.is_top_left_causal and mask is None:
+    elif (
+        path == "fused"
+        and structure.is_top_left_causal
+        and mask is None
+        and not structure.alibi
+    ):
         parts.append("the kernel's causal flag (it skips the masked blocks)")
     else:
         parts.append("a dense (T, S) mask")
     if mask is not None:
         parts.append("with the given mask")
+    if structure.soft_cap is not None:
+        parts.append(f"logits soft-capped at {structure.soft_cap:g}")
+    if structure.alibi:
+        parts.append("ALiBi bias added to the logits")
     return "; ".join(parts)

@@ -448,8 +448,8 @@ def scaled_dot_product_attention(
             `n` (positions aligned as `is_causal` says). Defaults to
             `False`.
         logit_soft_cap: float, optional. Caps the logits smoothly,
-            `cap * tanh(logits / cap)` in float32 (Gemma 2), before the
-            ALiBi bias. Defaults to `None`.
+            `cap * tanh(logits / cap)` (Gemma 2), before the ALiBi bias;
+            in float32 for half-precision inputs. Defaults to `None`.
 
     Returns:
         The output, `(B, T, V)` or `(B, T, N, V)`; with

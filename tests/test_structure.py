@@ -588,3 +588,98 @@ def test_bad_positions_are_named(arguments, message):
         ValueError, match=rf"PositionEmbedding \(layer 'pe'\): .*{message}"
     ):
         layer(np.zeros((1, 3, 4), "float32"), **arguments)
+
+
+def test_bottom_right_in_a_model_of_unknown_lengths():
+    """The alignment offset is taken when the model runs."""
+    q_in, k_in = keras.Input((None, 2, 4)), keras.Input((None, 2, 4))
+    model = keras.Model(
+        [q_in, k_in],
+        F.scaled_dot_product_attention(
+            q_in, k_in, k_in, is_causal="bottom_right"
+        ),
+    )
+    generator = rng(14)
+    q = generator.standard_normal((1, 3, 2, 4)).astype("float32")
+    k = generator.standard_normal((1, 7, 2, 4)).astype("float32")
+    want = F.scaled_dot_product_attention(q, k, k, is_causal="bottom_right")
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(model([q, k])),
+        ops.convert_to_numpy(want),
+        atol=1e-6,
+    )
+
+
+def test_layer_explain_knows_the_soft_cap_and_alibi():
+    layer = ka.MultiHeadSelfAttention(2, 4, logit_soft_cap=5.0, alibi=True)
+    layer.build((1, 4, 8))
+    report = layer.explain(16)
+    assert report.path != "fused"
+    assert "soft-capped at 5" in report.structure
+    assert "ALiBi" in report.structure
+
+
+@pytest.mark.parametrize("path", ["fused", "chunked"])
+def test_mixed_dtypes_with_alibi_and_masks(path):
+    """Queries in float32 and keys and values in bfloat16, with ALiBi, a
+    causal structure and a padding mask: each path equals the reference."""
+    q, k, v, mask, _ = sdpa_inputs("4d", "padding", 6, 6)
+    arguments = {"mask": mask, "is_causal": True, "alibi": True}
+    half = [ops.cast(x, "bfloat16") for x in (k, v)]
+    with _kernels.force("reference"):
+        want = F.scaled_dot_product_attention(q, *half, **arguments)
+    with _kernels.force(path, chunk_size=4 if path == "chunked" else None):
+        got = F.scaled_dot_product_attention(q, *half, **arguments)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(ops.cast(got, "float32")),
+        ops.convert_to_numpy(ops.cast(want, "float32")),
+        atol=4e-2,
+    )
+
+
+def test_numpy_bool_and_wide_segment_ids():
+    """`np.bool_` is a causal flag; int64 ids past the int32 range stay
+    distinct (no wrap-around into padding or another sequence)."""
+    q = rng(15).standard_normal((1, 4, 4)).astype("float32")
+    flag = F.scaled_dot_product_attention(q, q, q, is_causal=np.bool_(True))
+    plain = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(flag), ops.convert_to_numpy(plain)
+    )
+    ids = np.array([[2**32, 2**32, 2**32 + 1, 1]], "int64")
+    if keras.backend.backend() == "jax":
+        with pytest.raises(ValueError, match="must fit in int32 on JAX"):
+            F.scaled_dot_product_attention(q, q, q, segment_ids=ids)
+        return
+    for path in KERNEL_PATHS:
+        with _kernels.force(path, chunk_size=2):
+            out = F.scaled_dot_product_attention(q, q, q, segment_ids=ids)
+        visible = np_structure_mask(1, 4, 4, segment_ids=ids)
+        from tests.helpers import np_sdpa
+
+        want, _ = np_sdpa(q, q, q, visible)
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(out), want, atol=1e-5, err_msg=path
+        )
+
+
+def test_chunked_path_takes_a_mask_broadcast_over_keys():
+    q, k, v, _, _ = sdpa_inputs("gqa", "none", 7, 6)
+    rows = np.array([True, True, False, True, True, True, False])
+    mask = np.broadcast_to(rows[None, :, None], (2, 7, 1))
+    with _kernels.force("reference"):
+        want = F.scaled_dot_product_attention(q, k, v, mask=mask)
+    with _kernels.force("chunked", chunk_size=3):
+        got = F.scaled_dot_product_attention(q, k, v, mask=mask)
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(got), ops.convert_to_numpy(want), atol=1e-5
+    )
+
+
+def test_positions_with_a_start_index_are_refused():
+    with pytest.raises(ValueError, match="cannot be combined"):
+        ka.RotaryEmbedding()(
+            np.zeros((1, 3, 4), "float32"),
+            start_index=2,
+            positions=np.zeros((1, 3), "int32"),
+        )

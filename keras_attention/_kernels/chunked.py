@@ -139,6 +139,11 @@ class _Plan:
         """`(B|1, N|1, T|1, S)` as `(B|1, K|1, G|1, T'|1, S')`, padded
         to whole blocks with hidden positions."""
         mask = ops.cast(mask, "bool")
+        if mask.shape[-1] == 1 and self.key_length != 1:
+            # Broadcast over the keys: blocks slice key columns.
+            mask = ops.logical_and(
+                mask, ops.ones((1, 1, 1, self.key_length), "bool")
+            )
         _, mask_heads, mask_rows, key_length = mask.shape
         if mask_heads == 1:
             mask = ops.expand_dims(mask, 1)  # (B|1, 1, 1, T|1, S)

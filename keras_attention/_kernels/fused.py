@@ -11,6 +11,7 @@ K key/value heads, H head dim, V value head dim.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -76,6 +77,13 @@ def refusal(query, value):
     return None
 
 
+def _negative(dtype):
+    """Half the most negative finite value of `dtype`: masked logits stay
+    finite, so a row with nothing visible gives no NaN."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    return -1.6e38 if dtype == "bfloat16" else float(np.finfo(dtype).min) / 2
+
+
 def _kernel(query, key, value, mask, is_causal, scale, bias=None):
     """The backend's fused kernel on `(B, T, N, H)` heads, with an
     additive `bias` `(1, N, T, S)` if given.
@@ -94,6 +102,10 @@ def _kernel(query, key, value, mask, is_causal, scale, bias=None):
     if keras.backend.backend() != "torch" or len(dtypes) > 1:
         if bias is not None:
             bias = ops.cast(bias, query.dtype)
+            if mask is not None:  # Keras takes a bias or a mask, not both
+                negative = ops.cast(_negative(query.dtype), query.dtype)
+                bias = ops.where(mask, bias, negative)
+                mask = None
         return ops.dot_product_attention(
             query,
             key,

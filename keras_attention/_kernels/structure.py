@@ -19,6 +19,7 @@ Shape legend: B batch, T query length, S key length.
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -167,7 +168,8 @@ def normalize(
             f"None. Received: logit_soft_cap={logit_soft_cap!r}"
         )
     offset = 0
-    if alignment == "bottom_right":
+    # Unknown lengths (a symbolic check) leave the offset to the run.
+    if alignment == "bottom_right" and None not in (query_length, key_length):
         offset = key_length - query_length
     soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     return Structure(
@@ -185,7 +187,7 @@ def lengths(query, key):
 
 
 def _alignment(where, is_causal):
-    if is_causal is True or is_causal is False:
+    if isinstance(is_causal, (bool, np.bool_)):
         return "top_left"
     if isinstance(is_causal, str) and is_causal in ALIGNMENTS:
         return is_causal
@@ -220,7 +222,7 @@ def window(where, sliding_window):
 
 
 def _segments(where, query_shape, key_shape, segment_ids):
-    """`(query_ids (B, T), key_ids (B, S))` as int32, or `(None, None)`."""
+    """`(query_ids (B, T), key_ids (B, S))` as tensors, or `(None, None)`."""
     if segment_ids is None:
         return None, None
     if isinstance(segment_ids, tuple):
@@ -238,6 +240,8 @@ def _segments(where, query_shape, key_shape, segment_ids):
         ("queries", "T", query_ids, query_shape),
         ("keys", "S", key_ids, key_shape),
     ):
+        if isinstance(ids_, (list, np.ndarray)):
+            _check_id_range(where, np.asarray(ids_))
         if not isinstance(ids_, keras.KerasTensor):
             ids_ = ops.convert_to_tensor(ids_)
         dtype = keras.backend.standardize_dtype(ids_.dtype)
@@ -249,8 +253,27 @@ def _segments(where, query_shape, key_shape, segment_ids):
                 f"shape (B, {axis})={expected}. Received: "
                 f"segment_ids.shape={shape}, dtype={dtype}"
             )
-        ids.append(ops.cast(ids_, "int32"))
+        ids.append(ids_)  # compared in their own dtype: no wrap-around
     return tuple(ids)
+
+
+def _check_id_range(where, ids):
+    """JAX holds integers in 32 bits unless 64-bit types are enabled:
+    ids beyond that range would wrap into other ids."""
+    if keras.backend.backend() != "jax" or ids.size == 0:
+        return
+    if ids.dtype.kind not in "iu":
+        return
+    info = np.iinfo("int32")
+    import jax
+
+    wide = not jax.config.jax_enable_x64
+    if wide and (ids.max() > info.max or ids.min() < info.min):
+        raise ValueError(
+            f"{where}: `segment_ids` must fit in int32 on JAX (64-bit "
+            "types are disabled). Received: ids from "
+            f"{ids.min()} to {ids.max()}"
+        )
 
 
 def _matches(shape, expected):

@@ -121,10 +121,16 @@ def check_batch_and_length(where: str, query_shape, value_shape, key_shape):
             )
 
 
-def explicit_positions(where, inputs, positions, segment_ids):
+def explicit_positions(where, inputs, positions, segment_ids, start_index=0):
     """The positions `(B, T)` a position layer uses instead of
     `start_index + arange(T)`: `positions` as given, or those of
     `functional.segment_positions(segment_ids)`; `None` without either."""
+    explicit = positions is not None or segment_ids is not None
+    if explicit and static_int(start_index) not in (0, None):
+        raise ValueError(
+            f"{where}: `start_index` cannot be combined with `positions` or "
+            f"`segment_ids`. Received: start_index={start_index}"
+        )
     if positions is not None and segment_ids is not None:
         raise ValueError(
             f"{where}: pass `positions` or `segment_ids`, not both. "

@@ -108,8 +108,8 @@ class MultiHeadCore(keras.layers.Layer):
         """Which attention path a call of the built layer takes, and why.
 
         As `keras_attention.functional.explain`, for the layer's heads,
-        dtype and sliding window at `length` queries and `key_length`
-        keys (defaults to `length`).
+        dtype and structure (window, ALiBi, soft cap) at `length` queries
+        and `key_length` keys (defaults to `length`).
 
         Args:
             length: int. T, the number of queries.
@@ -147,9 +147,11 @@ class MultiHeadCore(keras.layers.Layer):
             batch_size,
             length,
             key_length,
-            use_causal_mask,
+            bool(use_causal_mask),
             self.sliding_window,
             segment_ids,
+            self.alibi,
+            self.logit_soft_cap,
         )
         dropout = self.dropout > 0 and training
         reason = None
@@ -322,7 +324,7 @@ class MultiHeadCore(keras.layers.Layer):
             query_heads,
             key_heads,
             offset=offset,
-            is_causal=is_causal,
+            is_causal=bool(is_causal),
             sliding_window=self.sliding_window,
             segment_ids=segment_ids,
             alibi=self.alibi,

@@ -87,7 +87,7 @@ class PositionEmbedding(keras.layers.Layer):
         where = f"PositionEmbedding (layer '{self.name}')"
         checks.check_start_index(where, start_index)
         positions = checks.explicit_positions(
-            where, inputs, positions, segment_ids
+            where, inputs, positions, segment_ids, start_index
         )
         if positions is not None:
             highest = checks.static_int(ops.max(positions))

@@ -82,7 +82,7 @@ class RotaryEmbedding(keras.layers.Layer):
         where = f"RotaryEmbedding (layer '{self.name}')"
         checks.check_start_index(where, start_index)
         positions = checks.explicit_positions(
-            where, inputs, positions, segment_ids
+            where, inputs, positions, segment_ids, start_index
         )
         length, dim = ops.shape(inputs)[1], inputs.shape[-1]
         if positions is None:
