@@ -45,7 +45,12 @@ def child(name, length):
     model = keras.Model(inputs, outputs)
     model.compile(optimizer="sgd", loss="mse")
     x = np.random.default_rng(0).normal(size=(B, length, D)).astype("float32")
-    y = np.zeros_like(x)
+    print_training_peak(model, x, np.zeros_like(x))
+
+
+def print_training_peak(model, x, y):
+    """Prints, as JSON, the peak resident memory of two training steps
+    (the first compiles) above the memory held before them."""
     before = _status("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM
     model.train_on_batch(x, y)  # compiles, then runs

@@ -23,7 +23,6 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -121,15 +120,9 @@ def packing_models(max_length):
 def child(name, length):
     """Peak training-step memory of one window candidate (own process)."""
     from common import BACKEND  # noqa: F401  (imports torch first)
-    from memory import _status
+    from memory import print_training_peak
 
-    model, inputs, target = window_model(name, length)
-    before = _status("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM
-    model.train_on_batch(inputs, target)  # compiles, then runs
-    model.train_on_batch(inputs, target)
-    peak = _status("VmHWM")
-    print(json.dumps({"peak_mib": (peak - before) / 1024}))
+    print_training_peak(*window_model(name, length))
 
 
 def peak_mib(name, length):

@@ -683,3 +683,23 @@ def test_positions_with_a_start_index_are_refused():
             start_index=2,
             positions=np.zeros((1, 3), "int32"),
         )
+
+
+def test_position_embedding_gradients_at_explicit_positions():
+    """With explicit positions (repeated, out of order), the table's
+    gradient is the cotangents added up at each position, and the
+    input's is the cotangent itself."""
+    from tests.autodiff import cotangents
+
+    layer = ka.PositionEmbedding(6)
+    x = rng(16).standard_normal((2, 4, 3)).astype("float32")
+    layer.build(x.shape)
+    positions = np.array([[5, 0, 5, 2], [1, 1, 3, 0]])
+    _, (dx,), (dtable,) = value_and_grads(
+        lambda x: layer(x, positions=positions), [x], [layer.embeddings]
+    )
+    (seed,) = cotangents([x.shape])
+    want = np.zeros((6, 3))
+    np.add.at(want, positions, seed)
+    np.testing.assert_allclose(dtable, want, atol=1e-5)
+    np.testing.assert_allclose(dx, seed, atol=1e-6)
