@@ -28,12 +28,16 @@ class CachedTransformer:
     """Embedding, one decoder block with a KV cache and cross-attention to a
     fixed source, a vocabulary head."""
 
-    def __init__(self, vocab=11, seed=0):
+    def __init__(self, vocab=11, seed=0, sliding_window=None):
         keras.utils.set_random_seed(seed)
         self.vocab = vocab
         self.embedding = keras.layers.Embedding(vocab, 16)
         self.block = TransformerDecoderBlock(
-            4, 32, num_key_value_heads=2, use_rotary=True
+            4,
+            32,
+            num_key_value_heads=2,
+            use_rotary=True,
+            sliding_window=sliding_window,
         )
         self.head = keras.layers.Dense(vocab)
         self.source = rng(seed).normal(size=(3, 5, 16)).astype("float32")
@@ -78,8 +82,13 @@ def cached_both_ways(model, starts, steps, **kwargs):
     )
 
 
-def test_greedy_transformer_with_cache():
-    model = CachedTransformer()
+@pytest.mark.parametrize("sliding_window", [None, 3])
+def test_greedy_transformer_with_cache(sliding_window):
+    """With a window of 3 the cache is a rolling one of 3 positions, its
+    index traced past them inside the program."""
+    model = CachedTransformer(sliding_window=sliding_window)
+    if sliding_window:
+        assert model.initial_state(8)["cache"]["self"].shape[2] == 3
     starts = np.array([1, 4, 7], "int32")
     python, compiled = cached_both_ways(model, starts, 8)
     np.testing.assert_array_equal(compiled, python)

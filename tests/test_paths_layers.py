@@ -158,8 +158,9 @@ LAYER_CASES = {
             x, use_causal_mask=True, training=training, **masks
         ),
         kernels=True,
+        # A cache of the window's 3 positions: a rolling cache.
         steps=lambda layer, x, masks: _self_attention_steps(
-            layer, x, masks, (B, 2, T, 2, 4)
+            layer, x, masks, (B, 2, 3, 2, 4)
         ),
     ),  # fmt: skip
     "MultiHeadSelfAttention segments gqa window": dict(
@@ -249,6 +250,7 @@ LAYER_CASES = {
         kernels=True,
         steps=_decoder_steps,
     ),
+    # init_cache(B, T) makes a rolling cache of the window's 3 positions.
     "TransformerDecoderBlock window": dict(
         make=lambda dtype: ka.TransformerDecoderBlock(
             2, 16, sliding_window=3, normalize_first=True, dtype=dtype

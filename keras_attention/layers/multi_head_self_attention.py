@@ -37,6 +37,16 @@ class MultiHeadSelfAttention(MultiHeadCore):
     returns the updated cache too. Outputs equal the full causal
     computation.
 
+    With a `sliding_window` no query looks further back than the window,
+    so the cache need not grow with the text: a cache of exactly the
+    window's length (`w` positions for an int window `w`, `left + 1` for
+    a pair) is a *rolling* cache. It holds the keys and values of the
+    last `w` positions in order, every call appends the new ones and
+    drops the oldest, and `cache_index` may grow without bound. Outputs
+    still equal the full computation. `TransformerDecoderBlock.init_cache`
+    makes one when `max_length` exceeds the window (as in Mistral, Jiang
+    et al. 2023).
+
     Args:
         num_heads: int. Number of query heads N.
         key_dim: int. Head dim H of queries and keys. Defaults to
@@ -70,15 +80,21 @@ class MultiHeadSelfAttention(MultiHeadCore):
 
     Call arguments:
         inputs: tensor `(B, T, D)`.
-        padding_mask: boolean tensor `(B, T)` (`(B, S_max)` with a cache),
-            `True` for real tokens; padded keys get zero weight. Defaults to
-            the Keras mask of `inputs`.
-        attention_mask: boolean tensor `(B, T, S)`, `True` = attend.
+        padding_mask: boolean tensor `(B, T)` (`(B, S_max)` with a cache;
+            with a rolling cache `(B, S)` over the absolute positions,
+            `S >= cache_index + T`), `True` for real tokens; padded keys
+            get zero weight. Defaults to the Keras mask of `inputs`.
+        attention_mask: boolean tensor `(B, T, S)`, `True` = attend. Not
+            with a rolling cache.
         use_causal_mask: bool. Hide the keys after each query.
         return_attention_scores: bool. Also return the weights
-            `(B, N, T, S)`.
+            `(B, N, T, S)`; with a rolling cache of `R` positions
+            `(B, N, T, R + T)`, over positions `cache_index - R` to
+            `cache_index + T - 1`.
         cache: tensor `(B, 2, S_max, K, H)`: keys `[:, 0]` and values
             `[:, 1]` of the previous steps. Needs `key_dim == value_dim`.
+            With a `sliding_window` of `w`, a cache of `S_max = w`
+            positions is a rolling cache.
         cache_index: int or scalar int tensor. Position of the first token
             of `inputs` in the cache. An index whose tokens do not fit the
             cache raises a `ValueError` when its value is known (an int, a
@@ -145,7 +161,12 @@ class MultiHeadSelfAttention(MultiHeadCore):
                     "in its own row, with `padding_mask`. Received: "
                     f"segment_ids.shape={tuple(ops.shape(segment_ids))}"
                 )
-            return self._call_cached(
+            call_cached = (
+                self._call_rolling
+                if self._is_rolling(cache)
+                else self._call_cached
+            )
+            return call_cached(
                 inputs,
                 cache,
                 cache_index,
@@ -208,7 +229,11 @@ class MultiHeadSelfAttention(MultiHeadCore):
     ):
         batch, length = inputs.shape[0], inputs.shape[1]
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        key_length = length if cache is None else cache.shape[2]
+        key_length = length
+        if cache is not None:
+            key_length = cache.shape[2]
+            if self._is_rolling(cache) and length is not None:
+                key_length += length
         scores = keras.KerasTensor(
             (batch, self.num_heads, length, key_length),
             dtype=self.compute_dtype,
@@ -267,7 +292,104 @@ class MultiHeadSelfAttention(MultiHeadCore):
             return outputs, scores, cache
         return outputs, cache
 
-    def _check_cache(self, inputs, cache, cache_index):
+    def _rolling_length(self) -> int | None:
+        """Positions a rolling cache keeps, or `None` without a window:
+        no query sees further back than `left` positions (`w - 1` for an
+        int window `w`), so `left + 1` are enough."""
+        window = _kernels.structure.window(self._where(), self.sliding_window)
+        return None if window is None else window[0] + 1
+
+    def _is_rolling(self, cache) -> bool:
+        """Whether `cache` is a rolling cache: exactly `_rolling_length`."""
+        size = self._rolling_length()
+        return size is not None and cache.shape[2] == size
+
+    def _call_rolling(
+        self,
+        inputs,
+        cache,
+        cache_index,
+        padding_mask,
+        attention_mask,
+        use_causal_mask,
+        return_attention_scores,
+        training,
+    ):
+        """The cached call with a rolling cache: `cache` holds positions
+        `cache_index - R ... cache_index - 1`, in order; the queries attend
+        over those and the new tokens, and the last `R` of them are kept.
+        """
+        cache_index = self._check_rolling_cache(inputs, cache, cache_index)
+        size = cache.shape[2]  # R
+        batch, length = ops.shape(inputs)[0], inputs.shape[1]
+        if attention_mask is not None:
+            raise ValueError(
+                f"{self._where()}: `attention_mask` cannot be combined with "
+                f"a rolling cache (a cache of the window's {size} "
+                "positions); hide padding with `padding_mask` over the "
+                "absolute positions. Received: attention_mask.shape="
+                f"{tuple(attention_mask.shape)}"
+            )
+        if padding_mask is not None:
+            self._check_mask("padding_mask", padding_mask, (batch, None))
+            known = _kernels.static_int(cache_index)
+            needed = None if known is None else known + length
+            if needed is not None and padding_mask.shape[1] < needed:
+                raise ValueError(
+                    f"{self._where()}: with a rolling cache, `padding_mask` "
+                    "covers the absolute positions 0 .. cache_index + T - 1 "
+                    f"({needed} positions). Received: padding_mask.shape="
+                    f"{tuple(padding_mask.shape)}, cache_index={known}"
+                )
+        query = self._project_query(inputs, start_index=cache_index)
+        key, value = self._project_key_value(
+            inputs, inputs, start_index=cache_index
+        )  # (B, T, K, H)
+        new = ops.stack(
+            [ops.cast(key, cache.dtype), ops.cast(value, cache.dtype)], axis=1
+        )  # (B, 2, T, K, H)
+        window = ops.concatenate([cache, new], axis=2)  # (B, 2, R + T, K, H)
+        # Key j stands at position cache_index - R + j; the queries are the
+        # last T of them (offset R). Slots before position 0 are empty.
+        positions = cache_index - size + ops.arange(size + length)  # (R+T,)
+        visible = ops.expand_dims(ops.expand_dims(positions >= 0, 0), 0)
+        if padding_mask is not None:
+            # Absolute positions; the empty slots read as padding.
+            padded = ops.concatenate(
+                [
+                    ops.zeros((batch, size), "bool"),
+                    ops.cast(padding_mask, "bool"),
+                ],
+                axis=1,
+            )  # (B, R + S)
+            kept = ops.take(padded, positions + size, axis=1)  # (B, R + T)
+            visible = ops.logical_and(visible, ops.expand_dims(kept, 1))
+        outputs, scores = self._attend(
+            query,
+            ops.cast(window[:, 0], query.dtype),
+            ops.cast(window[:, 1], query.dtype),
+            visible,  # (B|1, 1, R + T)
+            is_causal=use_causal_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            offset=size,
+        )
+        cache = window[:, :, length:]  # the last R positions
+        if return_attention_scores:
+            return outputs, scores, cache
+        return outputs, cache
+
+    def _check_rolling_cache(self, inputs, cache, cache_index):
+        self._check_cache(inputs, cache, cache_index, limit=None)
+        known = _kernels.static_int(cache_index)
+        if known is not None and known < 0:
+            raise ValueError(
+                f"{self._where()}: `cache_index` must be non-negative. "
+                f"Received: cache_index={known}"
+            )
+        return cache_index if known is None else known
+
+    def _check_cache(self, inputs, cache, cache_index, limit=-1):
         expected = (
             inputs.shape[0],
             2,
@@ -288,6 +410,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
                 "new token) is required with `cache`. Received: "
                 "cache_index=None"
             )
+        if limit is None:  # a rolling cache: any index from 0
+            return cache_index
         return checks.check_index_range(
             self._where(),
             "cache_index",

@@ -225,7 +225,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
         outputs = [keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)]
         self_cache, _ = self._split_cache(cache)
         if return_attention_scores:
-            key_length = length if self_cache is None else self_cache.shape[2]
+            key_length = length
+            if self_cache is not None:
+                key_length = self.self_attention.compute_output_spec(
+                    inputs,
+                    cache=self_cache,
+                    cache_index=0,
+                    return_attention_scores=True,
+                )[1].shape[-1]
             scores = {"self": (batch, self.num_heads, length, key_length)}
             if self.cross_attention is not None:
                 source = encoder_outputs
@@ -253,16 +260,23 @@ class TransformerDecoderBlock(TransformerBlockBase):
     ):
         """A cache for incremental decoding of up to `max_length` tokens.
 
+        With a `sliding_window` shorter than `max_length`, the
+        self-attention cache is a rolling cache of the window's length
+        (`w` positions for an int window `w`): it keeps only the positions
+        the window can still see, so decoding may run past `max_length` at
+        constant memory, with outputs equal to the full computation.
+
         Args:
             batch_size: int. B.
-            max_length: int. S_max, the number of positions in the cache.
+            max_length: int. S_max, the number of positions to decode.
             encoder_outputs: tensor `(B, S, De)`, required when the block
                 has cross-attention: its keys and values are projected here,
                 once.
             dtype: dtype of the cache. Defaults to the compute dtype.
 
         Returns:
-            `{"self": zeros (B, 2, S_max, K, H)}` plus, with cross-attention,
+            `{"self": zeros (B, 2, S_max, K, H)}` (`S_max` the window's
+            length when that is shorter) plus, with cross-attention,
             `"cross": (B, 2, S, K, H)`.
         """
         attention = self.self_attention
@@ -272,6 +286,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 "the block before `init_cache`, so that its head sizes are "
                 "known. Received: an unbuilt block"
             )
+        checks.check_positive_int(
+            f"{type(self).__name__}.init_cache (layer '{self.name}')",
+            "max_length",
+            max_length,
+        )
+        rolling = attention._rolling_length()
+        if rolling is not None:
+            max_length = min(max_length, rolling)
         shape = (
             batch_size,
             2,
