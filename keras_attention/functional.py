@@ -173,10 +173,20 @@ def segment_positions(segment_ids):
         >>> print(keras.ops.convert_to_numpy(p))
         [[0 1 2 0 1 0 0 1]]
     """
-    ids = ops.cast(ops.convert_to_tensor(segment_ids), "int32")  # (B, T)
+    where = "segment_positions"
+    if not _kernels.structure.is_tensor(segment_ids):
+        _kernels.structure.host_integers(where, "segment_ids", segment_ids)
+    ids = ops.convert_to_tensor(segment_ids)  # (B, T)
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    if len(ids.shape) != 2 or "int" not in dtype:
+        raise ValueError(
+            f"{where}: `segment_ids` must be an integer tensor (B, T). "
+            f"Received: segment_ids.shape={tuple(ids.shape)}, dtype={dtype}"
+        )
     index = ops.broadcast_to(
         ops.arange(ops.shape(ids)[1], dtype="int32"), ops.shape(ids)
     )  # (B, T)
+    # Compared in their own dtype: wide ids do not wrap into equal ones.
     changed = ops.not_equal(ids[:, 1:], ids[:, :-1])  # (B, T - 1)
     starts = ops.concatenate(
         [ops.ones_like(changed[:, :1]), changed], axis=1

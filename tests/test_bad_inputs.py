@@ -3,7 +3,9 @@ the layer (or function), the argument and what was received.
 
 Wrong ranks, mismatched batch, length or feature dims, masks of the wrong
 shape or dtype, zero/negative/non-integer sizes, out-of-range rates and
-unknown options. No case may surface as a backend error or a NaN.
+unknown options; the attention structure (windows, segment ids, soft caps,
+ALiBi, alignments) and explicit positions. No case may surface as a
+backend error or a NaN.
 """
 
 import re
@@ -14,7 +16,10 @@ import pytest
 
 import keras_attention as ka
 from keras_attention import decoding
+from keras_attention.functional import explain
 from keras_attention.functional import scaled_dot_product_attention
+from keras_attention.functional import segment_positions
+from keras_attention.functional import structure_mask
 from keras_attention.visualization import plot_attention
 
 B, T, S, D = 2, 3, 4, 8
@@ -25,6 +30,10 @@ def x(*shape):
 
 
 def mask(*shape, dtype="bool"):
+    return np.ones(shape, dtype)
+
+
+def ids(*shape, dtype="int32"):
     return np.ones(shape, dtype)
 
 
@@ -45,6 +54,24 @@ ENC, DEC = "TransformerEncoderBlock", "TransformerDecoderBlock"
 
 def sdpa(q, k, v, m=None):
     return lambda: scaled_dot_product_attention(q, k, v, m)
+
+
+def structured(**structure):
+    """`scaled_dot_product_attention` of T queries over S keys with the
+    given structural arguments."""
+    return lambda: scaled_dot_product_attention(
+        x(B, T, D), x(B, S, D), x(B, S, D), **structure
+    )
+
+
+def explained(**structure):
+    return lambda: explain(x(B, T, D), x(B, S, D), **structure)
+
+
+def built_mhsa():
+    layer = ka.MultiHeadSelfAttention(2)
+    layer.build((B, T, D))
+    return layer
 
 
 # (who, argument named after "Received:", the call that must raise)
@@ -510,6 +537,329 @@ CASES = {
 }
 
 
+# The structural arguments, each bad value on everything that takes it:
+# (case suffix, argument, value).
+BAD_STRUCTURE = [
+    ("window-0", "sliding_window", 0),
+    ("window-negative", "sliding_window", -2),
+    ("window-float", "sliding_window", 2.0),
+    ("window-bool", "sliding_window", True),
+    ("window-string", "sliding_window", "2"),
+    ("window-pair-length", "sliding_window", (1, 2, 3)),
+    ("window-pair-negative", "sliding_window", (2, -1)),
+    ("soft-cap-0", "logit_soft_cap", 0),
+    ("soft-cap-negative", "logit_soft_cap", -5.0),
+    ("soft-cap-nan", "logit_soft_cap", float("nan")),
+    ("soft-cap-inf", "logit_soft_cap", float("inf")),
+    ("soft-cap-string", "logit_soft_cap", "5"),
+    ("alibi-float", "alibi", 1.5),
+    ("alibi-string", "alibi", "yes"),
+]
+STRUCTURED = {
+    "sdpa": (SDPA, lambda **kw: structured(**kw)()),
+    "mhsa": (MHSA, lambda **kw: ka.MultiHeadSelfAttention(2, **kw)),
+    "cross": (CROSS, lambda **kw: ka.CrossAttention(2, **kw)),
+    "encoder": (ENC, lambda **kw: ka.TransformerEncoderBlock(2, 16, **kw)),
+    "decoder-block": (
+        DEC,
+        lambda **kw: ka.TransformerDecoderBlock(2, 16, **kw),
+    ),
+}
+for prefix, (who, make) in STRUCTURED.items():
+    for suffix, argument, value in BAD_STRUCTURE:
+        CASES[f"{prefix}-{suffix}"] = (
+            who,
+            argument,
+            lambda make=make, argument=argument, value=value: make(
+                **{argument: value}
+            ),
+        )
+
+CASES.update(
+    {
+        "sdpa-causal-hyphen": (
+            SDPA,
+            "is_causal",
+            structured(is_causal="bottom-right"),
+        ),
+        "sdpa-causal-left": (SDPA, "is_causal", structured(is_causal="left")),
+        "sdpa-segments-rank": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=ids(T)),
+        ),
+        "sdpa-segments-batch": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=(ids(3, T), ids(3, S))),
+        ),
+        "sdpa-segments-one-for-two-lengths": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=ids(B, T)),
+        ),
+        "sdpa-segments-key-length": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=(ids(B, T), ids(B, 5))),
+        ),
+        "sdpa-segments-float": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=(ids(B, T, dtype="float32"), ids(B, S))),
+        ),
+        "sdpa-segments-bool": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=(ids(B, T), ids(B, S, dtype="bool"))),
+        ),
+        "sdpa-segments-string": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids="1 1 2"),
+        ),
+        "sdpa-segments-triple": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=(ids(B, T), ids(B, S), ids(B, S))),
+        ),
+        "sdpa-segments-none": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=(ids(B, T), None)),
+        ),
+        "sdpa-segments-list-pair": (
+            SDPA,
+            "segment_ids",
+            structured(segment_ids=[ids(B, T), ids(B, S)]),
+        ),
+        "explain-window": (
+            "explain",
+            "sliding_window",
+            explained(sliding_window=(2,)),
+        ),
+        "explain-causal": ("explain", "is_causal", explained(is_causal="left")),
+        "explain-segments": (
+            "explain",
+            "segment_ids",
+            explained(segment_ids=(ids(B, T, dtype="float32"), ids(B, S))),
+        ),
+        "explain-soft-cap": (
+            "explain",
+            "logit_soft_cap",
+            explained(logit_soft_cap=-1.0),
+        ),
+        "structure-mask-length": (
+            "structure_mask",
+            "query_length",
+            lambda: structure_mask(-1, S),
+        ),
+        "structure-mask-float-length": (
+            "structure_mask",
+            "key_length",
+            lambda: structure_mask(T, 2.5),
+        ),
+        "structure-mask-window": (
+            "structure_mask",
+            "sliding_window",
+            lambda: structure_mask(T, S, sliding_window=0),
+        ),
+        "mhsa-segments-rank": (
+            MHSA,
+            "segment_ids",
+            lambda: ka.MultiHeadSelfAttention(2)(
+                x(B, T, D), segment_ids=ids(T)
+            ),
+        ),
+        "mhsa-segments-length": (
+            MHSA,
+            "segment_ids",
+            lambda: ka.MultiHeadSelfAttention(2)(
+                x(B, T, D), segment_ids=ids(B, 5)
+            ),
+        ),
+        "mhsa-segments-float": (
+            MHSA,
+            "segment_ids",
+            lambda: ka.MultiHeadSelfAttention(2)(
+                x(B, T, D), segment_ids=ids(B, T, dtype="float32")
+            ),
+        ),
+        "mhsa-segments-bool": (
+            MHSA,
+            "segment_ids",
+            lambda: ka.MultiHeadSelfAttention(2)(
+                x(B, T, D), segment_ids=ids(B, T, dtype="bool")
+            ),
+        ),
+        "mhsa-segments-cache": (
+            MHSA,
+            "segment_ids",
+            lambda: ka.MultiHeadSelfAttention(2)(
+                x(B, 1, D),
+                cache=x(B, 2, 4, 2, 4),
+                cache_index=0,
+                segment_ids=ids(B, 1),
+            ),
+        ),
+        "mhsa-explain-segments": (
+            MHSA,
+            "segment_ids",
+            lambda: built_mhsa().explain(T, segment_ids=ids(1, 5)),
+        ),
+        "cross-segments-one-for-two-lengths": (
+            CROSS,
+            "segment_ids",
+            lambda: ka.CrossAttention(2)(
+                x(B, T, D), x(B, S, D), segment_ids=ids(B, T)
+            ),
+        ),
+        "cross-segments-triple": (
+            CROSS,
+            "segment_ids",
+            lambda: ka.CrossAttention(2)(
+                x(B, T, D), x(B, S, D), segment_ids=(ids(B, T),) * 3
+            ),
+        ),
+        "cross-segments-source-length": (
+            CROSS,
+            "segment_ids",
+            lambda: ka.CrossAttention(2)(
+                x(B, T, D), x(B, S, D), segment_ids=(ids(B, T), ids(B, 5))
+            ),
+        ),
+        "cross-segments-float": (
+            CROSS,
+            "segment_ids",
+            lambda: ka.CrossAttention(2)(
+                x(B, T, D),
+                x(B, S, D),
+                segment_ids=(ids(B, T), ids(B, S, dtype="float32")),
+            ),
+        ),
+        "mhsa-causal-string": (
+            MHSA,
+            "use_causal_mask",
+            lambda: ka.MultiHeadSelfAttention(2)(
+                x(B, T, D), use_causal_mask="left"
+            ),
+        ),
+        "mhsa-causal-none": (
+            MHSA,
+            "use_causal_mask",
+            lambda: ka.MultiHeadSelfAttention(2)(
+                x(B, T, D), use_causal_mask=None
+            ),
+        ),
+        "mhsa-explain-causal": (
+            MHSA,
+            "use_causal_mask",
+            lambda: built_mhsa().explain(T, use_causal_mask="bottom-right"),
+        ),
+        "decoder-block-causal-string": (
+            DEC,
+            "use_causal_mask",
+            lambda: ka.TransformerDecoderBlock(2, 16)(
+                x(B, T, D), use_causal_mask="left"
+            ),
+        ),
+        "encoder-segments-length": (
+            ENC,
+            "segment_ids",
+            lambda: ka.TransformerEncoderBlock(2, 16)(
+                x(B, T, D), segment_ids=ids(B, 5)
+            ),
+        ),
+        "decoder-block-segments-float": (
+            DEC,
+            "segment_ids",
+            lambda: ka.TransformerDecoderBlock(2, 16)(
+                x(B, T, D), segment_ids=ids(B, T, dtype="float32")
+            ),
+        ),
+        "decoder-block-segments-cache": (
+            DEC,
+            "segment_ids",
+            lambda: ka.TransformerDecoderBlock(2, 16)(
+                x(B, 1, D),
+                cache=x(B, 2, 4, 2, 8),
+                cache_index=0,
+                segment_ids=ids(B, 1),
+            ),
+        ),
+        "segment-positions-rank": (
+            "segment_positions",
+            "segment_ids",
+            lambda: segment_positions([1, 1, 2]),
+        ),
+        "segment-positions-float": (
+            "segment_positions",
+            "segment_ids",
+            lambda: segment_positions(np.array([[1.2, 1.7, 2.0]])),
+        ),
+        "segment-positions-string": (
+            "segment_positions",
+            "segment_ids",
+            lambda: segment_positions("1 1 2"),
+        ),
+        "learned-position-max-length": (
+            "PositionEmbedding",
+            "positions",
+            lambda: ka.PositionEmbedding(4)(
+                x(B, T, D), positions=ids(B, T) * 4
+            ),
+        ),
+    }
+)
+
+# Explicit positions, each bad call on every position layer:
+# (case suffix, argument, call arguments).
+BAD_POSITIONS = [
+    ("both", "segment_ids", {"positions": ids(B, T), "segment_ids": ids(B, T)}),
+    ("positions-rank", "positions", {"positions": ids(T)}),
+    ("positions-shape", "positions", {"positions": ids(B, 5)}),
+    ("positions-float", "positions", {"positions": ids(B, T, dtype="float32")}),
+    ("positions-negative", "positions", {"positions": -ids(B, T)}),
+    (
+        "positions-int32",
+        "positions",
+        {"positions": ids(B, T, dtype="uint32") * 2**31},
+    ),
+    ("positions-string", "positions", {"positions": "0 1 2"}),
+    (
+        "positions-start",
+        "start_index",
+        {"positions": ids(B, T), "start_index": 1},
+    ),
+    (
+        "segments-start",
+        "start_index",
+        {"segment_ids": ids(B, T), "start_index": 1},
+    ),
+    ("segments-shape", "segment_ids", {"segment_ids": ids(3, T)}),
+    (
+        "segments-float",
+        "segment_ids",
+        {"segment_ids": ids(B, T, dtype="float32")},
+    ),
+    ("segments-pair", "segment_ids", {"segment_ids": (ids(B, T), ids(B, T))}),
+]
+POSITION_LAYERS = {
+    "learned": ("PositionEmbedding", lambda: ka.PositionEmbedding(4)),
+    "sinusoidal": ("PositionalEncoding", ka.PositionalEncoding),
+    "rotary": ("RotaryEmbedding", ka.RotaryEmbedding),
+}
+for prefix, (who, make) in POSITION_LAYERS.items():
+    for suffix, argument, arguments in BAD_POSITIONS:
+        CASES[f"{prefix}-{suffix}"] = (
+            who,
+            argument,
+            lambda make=make, arguments=arguments: make()(
+                x(B, T, D), **arguments
+            ),
+        )
+
+
 def our_message(error, who):
     """The library's own line of an error (Keras wraps errors raised in
     `call` with "Exception encountered when calling ..." and the call's
@@ -541,3 +891,33 @@ def test_every_public_layer_is_fuzzed():
     assert layers - {"AttentionMechanism"} <= {
         who for who, _, _ in CASES.values()
     }
+
+
+def test_a_window_wider_than_int32_positions_is_no_bound():
+    """Bounds past any sequence are no bounds, not int32 overflows into
+    hidden keys (a silent wrong answer)."""
+    q = np.random.default_rng(0).standard_normal((1, 4, 8)).astype("float32")
+    for huge, bounded in (((0, 2**31 - 1), (0, 4)), (10**30, 4)):
+        got = scaled_dot_product_attention(q, q, q, sliding_window=huge)
+        want = scaled_dot_product_attention(q, q, q, sliding_window=bounded)
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(got),
+            keras.ops.convert_to_numpy(want),
+            atol=1e-6,
+        )
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "jax",
+    reason="Keras converts int64 call arguments to int32 on JAX",
+)
+def test_wide_segment_ids_restart_positions():
+    """Distinct int64 ids equal modulo 2**32 are different sequences."""
+    wide = np.array([[2**32, 2**33, 2**33 + 1]], "int64")
+    layer = ka.PositionalEncoding()
+    inputs = x(1, 3, 4)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(layer(inputs, segment_ids=wide)),
+        keras.ops.convert_to_numpy(layer(inputs, positions=ids(1, 3) * 0)),
+        atol=1e-6,
+    )

@@ -23,6 +23,9 @@ import numpy as np
 from keras import ops
 
 ALIGNMENTS = ("top_left", "bottom_right")
+# A band bound this wide reaches every key of any sequence that fits in
+# memory; kept as a number, `p + right` could overflow int32 positions.
+_REACH = 2**30
 
 
 class Structure:
@@ -47,6 +50,10 @@ class Structure:
         self.soft_cap = soft_cap
         self.offset = offset
         left, right = window if window is not None else (None, None)
+        left, right = (
+            None if bound is None or bound >= _REACH else bound
+            for bound in (left, right)
+        )
         if causal:
             right = 0 if right is None else min(right, 0)
         self.left, self.right = left, right
@@ -149,6 +156,8 @@ def normalize(
     Raises:
         ValueError: naming `where`, the argument and what was received.
     """
+    _check_length(where, "query_length", query_length)
+    _check_length(where, "key_length", key_length)
     alignment = _alignment(where, is_causal)
     window_ = window(where, sliding_window)
     segments = _segments(
@@ -230,7 +239,7 @@ def _segments(where, query_shape, key_shape, segment_ids):
             raise ValueError(
                 f"{where}: `segment_ids` must be one `(B, T)` tensor or a "
                 "tuple `(query_ids (B, T), key_ids (B, S))`. Received: "
-                f"{len(segment_ids)} tensors"
+                f"{len(segment_ids)} tensors in segment_ids"
             )
         query_ids, key_ids = segment_ids
     else:
@@ -240,9 +249,8 @@ def _segments(where, query_shape, key_shape, segment_ids):
         ("queries", "T", query_ids, query_shape),
         ("keys", "S", key_ids, key_shape),
     ):
-        if isinstance(ids_, (list, np.ndarray)):
-            _check_id_range(where, np.asarray(ids_))
-        if not isinstance(ids_, keras.KerasTensor):
+        if not is_tensor(ids_):
+            host_integers(where, "segment_ids", ids_)
             ids_ = ops.convert_to_tensor(ids_)
         dtype = keras.backend.standardize_dtype(ids_.dtype)
         expected = tuple(d if isinstance(d, int) else None for d in expected)
@@ -257,22 +265,66 @@ def _segments(where, query_shape, key_shape, segment_ids):
     return tuple(ids)
 
 
-def _check_id_range(where, ids):
-    """JAX holds integers in 32 bits unless 64-bit types are enabled:
-    ids beyond that range would wrap into other ids."""
-    if keras.backend.backend() != "jax" or ids.size == 0:
-        return
-    if ids.dtype.kind not in "iu":
-        return
-    info = np.iinfo("int32")
-    import jax
+def is_tensor(x) -> bool:
+    """A backend tensor or a `keras.KerasTensor` (not host data)."""
+    return isinstance(x, keras.KerasTensor) or ops.is_tensor(x)
 
-    wide = not jax.config.jax_enable_x64
-    if wide and (ids.max() > info.max or ids.min() < info.min):
+
+def host_integers(where, name, value):
+    """Checks host data (a list, a NumPy array or number) given as integer
+    ids or positions, and returns it as a NumPy array.
+
+    What is not a numeric array (a string, `None`, a ragged list) is
+    refused here rather than by the backend's conversion. Float and bool
+    arrays pass: the caller names their dtype with the expected shape.
+    JAX holds integers in 32 bits unless 64-bit types are enabled: values
+    beyond that range would wrap into others, so they are refused there.
+
+    Raises:
+        ValueError: naming `where`, `name` and what was received.
+    """
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):  # a ragged list
+        array = np.asarray(None)
+    if array.dtype.kind not in "biuf":
         raise ValueError(
-            f"{where}: `segment_ids` must fit in int32 on JAX (64-bit "
-            "types are disabled). Received: ids from "
-            f"{ids.min()} to {ids.max()}"
+            f"{where}: `{name}` must be an integer tensor or array. "
+            f"Received: {name} of type {type(value).__name__}"
+            + ("" if array.dtype.kind == "O" else f", dtype={array.dtype}")
+        )
+    if array.dtype.kind not in "iu" or array.size == 0:
+        return array
+    info = np.iinfo("int32")
+    if keras.backend.backend() == "jax" and (
+        array.max() > info.max or array.min() < info.min
+    ):
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            raise ValueError(
+                f"{where}: `{name}` must fit in int32 on JAX (64-bit types "
+                f"are disabled). Received: {name} from {array.min()} to "
+                f"{array.max()}"
+            )
+    return array
+
+
+def _check_length(where, name, length):
+    """A length given as a number (to `structure_mask`) is an int >= 0;
+    `None` and tensors (lengths known when the call runs) pass."""
+    if length is None or is_tensor(length):
+        return
+    if isinstance(length, np.ndarray) and length.ndim == 0:
+        length = length.item()
+    if (
+        isinstance(length, (bool, np.bool_))
+        or not isinstance(length, (int, np.integer))
+        or length < 0
+    ):
+        raise ValueError(
+            f"{where}: `{name}` must be a non-negative integer. "
+            f"Received: {name}={length!r}"
         )
 
 

@@ -1,10 +1,12 @@
 """Input checks shared by the layers: clear `ValueError`s, written once."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention import functional
 from keras_attention._kernels import static_int
+from keras_attention._kernels import structure
 
 
 def positive_int(value) -> bool:
@@ -19,6 +21,16 @@ def check_positive_int(where: str, name: str, value, optional=False):
     if not positive_int(value):
         raise ValueError(
             f"{where}: `{name}` must be a positive integer. "
+            f"Received: {name}={value!r}"
+        )
+
+
+def check_flag(where: str, name: str, value):
+    """A Python (or NumPy) bool: a string or `None` would be read as
+    truth, a silent wrong answer."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(
+            f"{where}: `{name}` must be True or False. "
             f"Received: {name}={value!r}"
         )
 
@@ -124,7 +136,11 @@ def check_batch_and_length(where: str, query_shape, value_shape, key_shape):
 def explicit_positions(where, inputs, positions, segment_ids, start_index=0):
     """The positions `(B, T)` a position layer uses instead of
     `start_index + arange(T)`: `positions` as given, or those of
-    `functional.segment_positions(segment_ids)`; `None` without either."""
+    `functional.segment_positions(segment_ids)`; `None` without either.
+
+    Positions are used as int32: known positions below 0 or beyond int32
+    are refused (they would wrap into others).
+    """
     explicit = positions is not None or segment_ids is not None
     if explicit and static_int(start_index) not in (0, None):
         raise ValueError(
@@ -134,7 +150,7 @@ def explicit_positions(where, inputs, positions, segment_ids, start_index=0):
     if positions is not None and segment_ids is not None:
         raise ValueError(
             f"{where}: pass `positions` or `segment_ids`, not both. "
-            "Received: both"
+            "Received: both positions and segment_ids"
         )
     given, name = (
         (positions, "positions")
@@ -143,7 +159,8 @@ def explicit_positions(where, inputs, positions, segment_ids, start_index=0):
     )
     if given is None:
         return None
-    if not isinstance(given, keras.KerasTensor):
+    if not structure.is_tensor(given):
+        structure.host_integers(where, name, given)
         given = ops.convert_to_tensor(given)
     dtype = keras.backend.standardize_dtype(given.dtype)
     expected = (inputs.shape[0], inputs.shape[1])
@@ -163,7 +180,13 @@ def explicit_positions(where, inputs, positions, segment_ids, start_index=0):
     lowest = static_int(ops.min(given))
     if lowest is not None and lowest < 0:
         raise ValueError(
-            f"{where}: `positions` must be >= 0. Received: a position of "
-            f"{lowest}"
+            f"{where}: `positions` must be >= 0. "
+            f"Received: min(positions)={lowest}"
+        )
+    highest = static_int(ops.max(given))
+    if highest is not None and highest > np.iinfo("int32").max:
+        raise ValueError(
+            f"{where}: `positions` must fit in int32. "
+            f"Received: max(positions)={highest}"
         )
     return ops.cast(given, "int32")

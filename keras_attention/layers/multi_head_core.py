@@ -129,6 +129,7 @@ class MultiHeadCore(keras.layers.Layer):
                 f"{self._where()}: `explain` needs a built layer (call it "
                 "once or call `build`). Received: an unbuilt layer"
             )
+        checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
         key_length = length if key_length is None else key_length
         dtype = self.compute_dtype
         query = keras.KerasTensor(

@@ -153,6 +153,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
         mask=None,
         inputs_mask=None,
     ):
+        checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
         if cache is not None:
             if segment_ids is not None:
                 raise ValueError(

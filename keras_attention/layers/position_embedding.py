@@ -93,8 +93,8 @@ class PositionEmbedding(keras.layers.Layer):
             highest = checks.static_int(ops.max(positions))
             if highest is not None and highest >= self.max_length:
                 raise ValueError(
-                    f"{where}: positions must be below `max_length` "
-                    f"({self.max_length}). Received: a position of {highest}"
+                    f"{where}: `positions` must be below `max_length` "
+                    f"({self.max_length}). Received: max(positions)={highest}"
                 )
             table = ops.convert_to_tensor(self.embeddings)
             vectors = ops.take(table, positions, axis=0)  # (B, T, D)

@@ -132,9 +132,15 @@ class TransformerBlockBase(keras.layers.Layer):
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
 
-    def _check_self_masks(self, inputs, padding_mask, attention_mask):
-        """The block's own masks, checked under its name (not a sublayer's)."""
+    def _check_self_masks(
+        self, inputs, padding_mask, attention_mask, segment_ids=None
+    ):
+        """The block's own masks and segment ids, checked under its name
+        (not a sublayer's)."""
         batch, length = inputs.shape[0], inputs.shape[1]
+        _kernels.structure.normalize(
+            self._where(), batch, length, length, False, None, segment_ids
+        )
         checks.check_mask(
             self._where(), "padding_mask", padding_mask, (batch, length)
         )

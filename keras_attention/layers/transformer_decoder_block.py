@@ -150,8 +150,18 @@ class TransformerDecoderBlock(TransformerBlockBase):
             encoder_padding_mask = encoder_outputs_mask
         self_cache, cross_cache = self._split_cache(cache)
         self._check_encoder(encoder_outputs, cross_cache, encoder_padding_mask)
+        checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
         if cache is None:  # with a cache, masks cover the cache's positions
-            self._check_self_masks(inputs, padding_mask, attention_mask)
+            self._check_self_masks(
+                inputs, padding_mask, attention_mask, segment_ids
+            )
+        elif segment_ids is not None:
+            raise ValueError(
+                f"{self._where()}: `segment_ids` (packed sequences) cannot "
+                "be combined with a `cache`; decode each sequence in its own "
+                "row, with `padding_mask`. Received: segment_ids.shape="
+                f"{tuple(keras.ops.shape(segment_ids))}"
+            )
         scores = {}
 
         def self_attention(x):
