@@ -737,6 +737,21 @@ CASES.update(
                 segment_ids=(ids(B, T), ids(B, S, dtype="float32")),
             ),
         ),
+        "mhsa-qk-norm": (
+            MHSA,
+            "use_qk_norm",
+            lambda: ka.MultiHeadSelfAttention(2, use_qk_norm="yes"),
+        ),
+        "cross-qk-norm": (
+            CROSS,
+            "use_qk_norm",
+            lambda: ka.CrossAttention(2, use_qk_norm=None),
+        ),
+        "decoder-block-qk-norm": (
+            DEC,
+            "use_qk_norm",
+            lambda: ka.TransformerDecoderBlock(2, 16, use_qk_norm=1),
+        ),
         "mhsa-causal-string": (
             MHSA,
             "use_causal_mask",

@@ -163,6 +163,24 @@ LAYER_CASES = {
             layer, x, masks, (B, 2, 3, 2, 4)
         ),
     ),  # fmt: skip
+    "MultiHeadSelfAttention qk-norm rotary gqa": dict(
+        make=_mhsa(
+            num_heads=4,
+            key_dim=4,
+            num_key_value_heads=2,
+            use_rotary=True,
+            use_qk_norm=True,
+        ),
+        shapes=[(B, T, D)],
+        masks={"padding_mask": _padding(T, 4)},
+        call=lambda layer, x, masks, training: layer(
+            x, use_causal_mask=True, training=training, **masks
+        ),
+        kernels=True,
+        steps=lambda layer, x, masks: _self_attention_steps(
+            layer, x, masks, (B, 2, T, 2, 4)
+        ),
+    ),
     "MultiHeadSelfAttention segments gqa window": dict(
         make=_mhsa(
             num_heads=4,

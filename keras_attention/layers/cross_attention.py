@@ -57,6 +57,8 @@ class CrossAttention(MultiHeadCore):
             `False`.
         logit_soft_cap: float, optional. Soft cap of the logits,
             `cap * tanh(logits / cap)`. Defaults to `None`.
+        use_qk_norm: bool. RMS-normalise each head's queries and keys
+            (see `MultiHeadSelfAttention`). Defaults to `False`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -105,6 +107,7 @@ class CrossAttention(MultiHeadCore):
         sliding_window: int | tuple[int, int] | None = None,
         alibi: bool = False,
         logit_soft_cap: float | None = None,
+        use_qk_norm: bool = False,
         **kwargs,
     ):
         rotary = {k: kwargs.pop(k) for k in _ROTARY_ARGUMENTS if k in kwargs}
@@ -120,6 +123,7 @@ class CrossAttention(MultiHeadCore):
             sliding_window=sliding_window,
             alibi=alibi,
             logit_soft_cap=logit_soft_cap,
+            use_qk_norm=use_qk_norm,
             **kwargs,
         )
         if rotary:

@@ -44,6 +44,7 @@ class MultiHeadCore(keras.layers.Layer):
         sliding_window: int | tuple[int, int] | None = None,
         alibi: bool = False,
         logit_soft_cap: float | None = None,
+        use_qk_norm: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -62,6 +63,7 @@ class MultiHeadCore(keras.layers.Layer):
         self.sliding_window = sliding_window
         self.alibi = alibi
         self.logit_soft_cap = logit_soft_cap
+        self.use_qk_norm = use_qk_norm
         self._validate_arguments()
         self.supports_masking = True
 
@@ -86,6 +88,7 @@ class MultiHeadCore(keras.layers.Layer):
                 "sliding_window": self.sliding_window,
                 "alibi": self.alibi,
                 "logit_soft_cap": self.logit_soft_cap,
+                "use_qk_norm": self.use_qk_norm,
             }
         )
         return config
@@ -174,6 +177,7 @@ class MultiHeadCore(keras.layers.Layer):
     def _validate_arguments(self):
         where = self._where()
         checks.check_positive_int(where, "num_heads", self.num_heads)
+        checks.check_flag(where, "use_qk_norm", self.use_qk_norm)
         for name in ("key_dim", "value_dim", "num_key_value_heads"):
             checks.check_positive_int(
                 where, name, getattr(self, name), optional=True
@@ -242,6 +246,9 @@ class MultiHeadCore(keras.layers.Layer):
             "output_dense",
             (None, None, n, v),
         )
+        if self.use_qk_norm:
+            self.query_norm = self._rms_norm("query_norm", (None, None, n, h))
+            self.key_norm = self._rms_norm("key_norm", (None, None, k, h))
         if self.use_rotary:
             self.rotary_embedding = RotaryEmbedding(
                 self.max_wavelength,
@@ -283,14 +290,27 @@ class MultiHeadCore(keras.layers.Layer):
         layer.build(input_shape)
         return layer
 
+    def _rms_norm(self, name, input_shape):
+        """RMS normalisation over the head dim, one learned scale per
+        feature shared by the heads."""
+        layer = keras.layers.RMSNormalization(
+            epsilon=1e-6, dtype=self.dtype_policy, name=name
+        )
+        layer.build(input_shape)
+        return layer
+
     def _project_query(self, query, start_index=0, segment_ids=None):
         heads = invoke(self.query_dense, query)  # (B, T, N, H)
+        if self.use_qk_norm:
+            heads = invoke(self.query_norm, heads)
         if self.use_rotary:
             heads = self._rotate(heads, start_index, segment_ids)
         return heads
 
     def _project_key_value(self, key, value, start_index=0, segment_ids=None):
         key_heads = invoke(self.key_dense, key)  # (B, S, K, H)
+        if self.use_qk_norm:
+            key_heads = invoke(self.key_norm, key_heads)
         if self.use_rotary:
             key_heads = self._rotate(key_heads, start_index, segment_ids)
         return key_heads, invoke(self.value_dense, value)  # (B, S, K, V)

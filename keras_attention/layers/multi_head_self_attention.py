@@ -76,6 +76,12 @@ class MultiHeadSelfAttention(MultiHeadCore):
         logit_soft_cap: float, optional. Caps the logits smoothly,
             `cap * tanh(logits / cap)` (as in Gemma 2). Defaults to
             `None`.
+        use_qk_norm: bool. RMS-normalise each head's queries and keys
+            over the head dim, with a learned scale, before rotary
+            positions and the dot product (QK normalisation, Henry et al.
+            2020; Dehghani et al. 2023): it bounds the logits and
+            steadies training at high learning rates. Defaults to
+            `False`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:

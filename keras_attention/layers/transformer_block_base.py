@@ -39,12 +39,14 @@ class TransformerBlockBase(keras.layers.Layer):
         sliding_window: int | tuple[int, int] | None = None,
         alibi: bool = False,
         logit_soft_cap: float | None = None,
+        use_qk_norm: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         where = self._where()
         checks.check_positive_int(where, "num_heads", num_heads)
         checks.check_positive_int(where, "intermediate_dim", intermediate_dim)
+        checks.check_flag(where, "use_qk_norm", use_qk_norm)
         checks.check_positive_int(where, "key_dim", key_dim, optional=True)
         checks.check_positive_int(
             where, "num_key_value_heads", num_key_value_heads, optional=True
@@ -79,6 +81,7 @@ class TransformerBlockBase(keras.layers.Layer):
         self.sliding_window = sliding_window
         self.alibi = alibi
         self.logit_soft_cap = logit_soft_cap
+        self.use_qk_norm = use_qk_norm
         self.supports_masking = True
         # Built now so that bad head arguments fail at construction.
         self.self_attention = MultiHeadSelfAttention(
@@ -92,6 +95,7 @@ class TransformerBlockBase(keras.layers.Layer):
             sliding_window=sliding_window,
             alibi=alibi,
             logit_soft_cap=logit_soft_cap,
+            use_qk_norm=use_qk_norm,
             dtype=self.dtype_policy,
             name="self_attention",
         )
@@ -118,6 +122,7 @@ class TransformerBlockBase(keras.layers.Layer):
                 "sliding_window": self.sliding_window,
                 "alibi": self.alibi,
                 "logit_soft_cap": self.logit_soft_cap,
+                "use_qk_norm": self.use_qk_norm,
             }
         )
         return config

@@ -57,6 +57,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
             Defaults to `False`.
         logit_soft_cap: float, optional. Soft cap of the self-attention
             logits, `cap * tanh(logits / cap)`. Defaults to `None`.
+        use_qk_norm: bool. RMS-normalised queries and keys in the
+            self- and cross-attention (see `MultiHeadSelfAttention`).
+            Defaults to `False`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -119,6 +122,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 num_key_value_heads=self.num_key_value_heads,
                 kernel_initializer=self.kernel_initializer,
                 bias_initializer=self.bias_initializer,
+                use_qk_norm=self.use_qk_norm,
                 dtype=self.dtype_policy,
                 name="cross_attention",
             )

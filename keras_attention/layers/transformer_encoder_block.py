@@ -49,6 +49,9 @@ class TransformerEncoderBlock(TransformerBlockBase):
             Defaults to `False`.
         logit_soft_cap: float, optional. Soft cap of the self-attention
             logits, `cap * tanh(logits / cap)`. Defaults to `None`.
+        use_qk_norm: bool. RMS-normalised queries and keys in the
+            self-attention (see `MultiHeadSelfAttention`). Defaults to
+            `False`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
