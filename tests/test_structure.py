@@ -703,3 +703,47 @@ def test_position_embedding_gradients_at_explicit_positions():
     np.add.at(want, positions, seed)
     np.testing.assert_allclose(dtable, want, atol=1e-5)
     np.testing.assert_allclose(dx, seed, atol=1e-6)
+
+
+def test_packed_translation_pairs_equal_each_pair_alone():
+    """Encoder and decoder rows packed with two pairs each: with
+    `encoder_segment_ids`, every target sequence sees only its own source
+    and gets exactly the outputs of the pair alone."""
+    keras.utils.set_random_seed(3)
+    encoder = ka.TransformerEncoderBlock(2, 16, use_rotary=True)
+    decoder = ka.TransformerDecoderBlock(2, 16, use_rotary=True)
+    generator = rng(13)
+    sources = [generator.normal(size=(1, n, 8)) for n in (3, 4)]
+    targets = [generator.normal(size=(1, n, 8)) for n in (2, 5)]
+    sources, targets = (
+        [x.astype("float32") for x in xs] for xs in (sources, targets)
+    )
+    source_ids = np.array([[1, 1, 1, 2, 2, 2, 2]])
+    target_ids = np.array([[1, 1, 2, 2, 2, 2, 2]])
+    encoded = encoder(np.concatenate(sources, 1), segment_ids=source_ids)
+    packed = decoder(
+        np.concatenate(targets, 1),
+        encoded,
+        segment_ids=target_ids,
+        encoder_segment_ids=source_ids,
+    )
+    alone = [
+        ops.convert_to_numpy(decoder(target, encoder(source)))
+        for source, target in zip(sources, targets, strict=True)
+    ]
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(packed), np.concatenate(alone, 1), atol=1e-5
+    )
+    with pytest.raises(ValueError, match="TransformerDecoderBlock.*needs"):
+        decoder(
+            np.concatenate(targets, 1),
+            encoded,
+            encoder_segment_ids=source_ids,
+        )
+    with pytest.raises(ValueError, match="TransformerDecoderBlock"):
+        decoder(
+            np.concatenate(targets, 1),
+            encoded,
+            segment_ids=target_ids,
+            encoder_segment_ids=source_ids[:, :5],
+        )

@@ -6,6 +6,7 @@ D model dim, N heads, K key/value heads, H head dim.
 
 import keras
 
+from keras_attention import _kernels
 from keras_attention.layers import checks
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.sublayers import invoke
@@ -80,6 +81,11 @@ class TransformerDecoderBlock(TransformerBlockBase):
         segment_ids: int tensor `(B, T)`, optional. Packed sequences:
             self-attention stays within equal ids; id `0` is padding.
             Not with a `cache`.
+        encoder_segment_ids: int tensor `(B, S)`, optional. With
+            `segment_ids`, packed source sequences: each target token
+            attends only to the source tokens of its own id (packed
+            translation pairs). Without it the cross-attention sees the
+            whole source row.
         training: bool. Whether dropout is active.
         mask, inputs_mask, encoder_outputs_mask: implicit Keras masks,
             filled in by Keras.
@@ -143,6 +149,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         cache_index=None,
         return_attention_scores: bool = False,
         segment_ids=None,
+        encoder_segment_ids=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -155,6 +162,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
         self_cache, cross_cache = self._split_cache(cache)
         self._check_encoder(encoder_outputs, cross_cache, encoder_padding_mask)
         checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
+        source_length = False  # no source
+        if encoder_outputs is not None:
+            source_length = encoder_outputs.shape[1]
+        elif cross_cache is not None:
+            source_length = cross_cache.shape[2]
+        cross_segments = self._cross_segments(
+            inputs, segment_ids, encoder_segment_ids, source_length
+        )
         if cache is None:  # with a cache, masks cover the cache's positions
             self._check_self_masks(
                 inputs, padding_mask, attention_mask, segment_ids
@@ -195,6 +210,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     encoder_outputs,
                     value_mask=encoder_padding_mask,
                     cache=cross_cache,
+                    segment_ids=cross_segments,
                     return_attention_scores=return_attention_scores,
                     training=training,
                 )
@@ -230,6 +246,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         cache_index=None,
         return_attention_scores=False,
         segment_ids=None,
+        encoder_segment_ids=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -334,6 +351,37 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 f"cross-attention, 'cross'. Received: keys {sorted(cache)}"
             )
         return cache["self"], cache.get("cross")
+
+    def _cross_segments(
+        self, inputs, segment_ids, encoder_segment_ids, source_length
+    ):
+        """`(segment_ids, encoder_segment_ids)` for the cross-attention,
+        checked under the block's name, or `None`."""
+        if encoder_segment_ids is None:
+            return None
+        if segment_ids is None:
+            raise ValueError(
+                f"{self._where()}: `encoder_segment_ids` needs the target's "
+                "`segment_ids` (which source sequence each target token "
+                "belongs to). Received: segment_ids=None"
+            )
+        if source_length is False:
+            raise ValueError(
+                f"{self._where()}: `encoder_segment_ids` needs "
+                "`encoder_outputs` (or a cache with 'cross'). Received: "
+                "encoder_outputs=None"
+            )
+        segments = (segment_ids, encoder_segment_ids)
+        _kernels.structure.normalize(
+            self._where(),
+            inputs.shape[0],
+            inputs.shape[1],
+            source_length,
+            False,
+            None,
+            segments,
+        )  # checks both
+        return segments
 
     def _check_encoder_shape(self, inputs_shape, encoder_outputs_shape):
         batch, source_batch = inputs_shape[0], encoder_outputs_shape[0]
