@@ -194,7 +194,8 @@ def segment_positions(segment_ids):
     last_start = ops.associative_scan(
         ops.maximum, ops.where(starts, index, ops.zeros_like(index)), axis=1
     )  # (B, T): the index where each token's sequence starts
-    return ops.cast(index - last_start, "int32")
+    # The scan can lose the static shape inside a compiled TensorFlow step.
+    return ops.reshape(ops.cast(index - last_start, "int32"), ops.shape(ids))
 
 
 def _angles_at(positions, dim, max_wavelength):

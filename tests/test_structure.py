@@ -747,3 +747,19 @@ def test_packed_translation_pairs_equal_each_pair_alone():
             segment_ids=target_ids,
             encoder_segment_ids=source_ids[:, :5],
         )
+
+
+def test_segment_positions_keep_their_shape_in_a_compiled_step():
+    """Rotary and learned positions from segment ids inside `predict`'s
+    compiled function (a TensorFlow graph, a JAX trace)."""
+    tokens = keras.Input((6, 8))
+    ids = keras.Input((6,), dtype="int32")
+    x = ka.PositionEmbedding(6)(tokens, segment_ids=ids)
+    x = ka.MultiHeadSelfAttention(2, use_rotary=True)(x, segment_ids=ids)
+    model = keras.Model([tokens, ids], x)
+    inputs = [np.ones((2, 6, 8), "float32"), PACKED[:, :6]]
+    np.testing.assert_allclose(
+        model.predict(inputs, verbose=0),
+        ops.convert_to_numpy(model(inputs)),
+        atol=1e-5,
+    )
