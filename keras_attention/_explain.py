@@ -75,7 +75,10 @@ def _lowering(path, mask, structure):
                 "applied inside each"
             )
         if structure.has_segments:
-            parts.append("segment ids compared block by block")
+            parts.append(
+                "key blocks that share no segment id with a query block "
+                "skipped; segment ids compared inside the others"
+            )
     elif (
         path == "fused"
         and structure.is_top_left_causal

@@ -30,6 +30,10 @@ PACKED = np.array(
     [[1, 1, 1, 2, 2, 2, 2, 3, 3, 0], [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]],
     "int32",
 )  # two rows of packed sequences, id 0 = padding
+SORTED = np.array(
+    [[1, 1, 1, 1, 2, 2, 2, 3, 3, 3], [1, 1, 1, 2, 2, 2, 2, 2, 3, 0]],
+    "int32",
+)  # in blocks of 3, 6 of the 16 block pairs share no id in either row
 
 # name: (layout, T, S, mask kind, structure arguments)
 STRUCTURES = {
@@ -45,6 +49,13 @@ STRUCTURES = {
     ),
     "bottom_right window": ("gqa", 4, 10, "causal", {"sliding_window": 3}),
     "segments": ("gqa", 10, 10, "none", {"segment_ids": PACKED}),
+    "segments, blocks skipped": (
+        "gqa",
+        10,
+        10,
+        "padding+causal",
+        {"segment_ids": SORTED},
+    ),
     "segments causal window": (
         "3d",
         10,
@@ -76,6 +87,12 @@ STRUCTURES = {
         {"logit_soft_cap": 2.0, "alibi": True, "segment_ids": PACKED},
     ),
 }
+
+
+def _ids(*rows):
+    return np.array(rows, "int32")
+
+
 BOTTOM_RIGHT = {
     "bottom_right T<S",
     "bottom_right T>S",
@@ -105,7 +122,10 @@ def test_every_path_equals_the_numpy_reference(name):
     check_sdpa(cases, q, k, v, mask, causal, **structure)
 
 
-@pytest.mark.parametrize("name", ["bottom_right T>S", "segments causal window"])
+@pytest.mark.parametrize(
+    "name",
+    ["bottom_right T>S", "segments causal window", "segments, blocks skipped"],
+)
 def test_hidden_keys_get_exactly_zero_gradient(name):
     """For one query row at a time, the key and value gradients of every
     key the row must not see are exactly zero, on every path."""
@@ -150,6 +170,26 @@ def test_hidden_keys_get_exactly_zero_gradient(name):
         (4, 10, {"is_causal": "bottom_right"}, 7),  # 2 x 4: only (0, 3) off
         (12, 12, {"is_causal": True, "sliding_window": 4}, 7),  # diagonal
         (9, 9, {"sliding_window": (1, 1)}, 7),  # the block tridiagonal
+        # Packed sequences: blocks [1 1 1] [1 2 2] [2 2 2] [3 3 3], and
+        # with is_causal the lower half of those.
+        (12, 12, {"segment_ids": _ids([1] * 4 + [2] * 5 + [3] * 3)}, 8),
+        (
+            12,
+            12,
+            {
+                "segment_ids": _ids([1] * 4 + [2] * 5 + [3] * 3),
+                "is_causal": True,
+            },
+            6,
+        ),
+        # [1 1 1] [2 2 2] [2 0 0] [0 0 0]: padding reaches no block.
+        (12, 12, {"segment_ids": _ids([1] * 3 + [2] * 4 + [0] * 5)}, 5),
+        # Two rows: a pair is visited when either row needs it.
+        (9, 9, {"segment_ids": _ids([1] * 3 + [2] * 6, [1] * 6 + [2] * 3)}, 7),
+        # Ids out of order: a range spans the blocks between two that
+        # meet ([1 1 1] [2 2 2] [1 1 1]: (0, 1) and (2, 1) visited too,
+        # and (1, 0), (1, 2) by the backward pass).
+        (9, 9, {"segment_ids": _ids([1] * 3 + [2] * 3 + [1] * 3)}, 5),
     ],
 )
 def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
@@ -160,29 +200,35 @@ def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
     PyTorch, whose loops run eagerly, also the pairs computed."""
     from keras_attention._kernels import chunked
 
-    shape = (1, length, 1, 2), (1, key_length, 1, 2)
+    batch = len(arguments.get("segment_ids", [None]))
+    shape = (batch, length, 1, 2), (batch, key_length, 1, 2)
     q, k = ops.zeros(shape[0]), ops.zeros(shape[1])
     structure = _kernels.structure.normalize(
         "test",
-        1,
+        batch,
         length,
         key_length,
         arguments.get("is_causal", False),
         arguments.get("sliding_window"),
-        None,
+        arguments.get("segment_ids"),
     )
     plan = chunked._Plan(q, k, k, None, structure, 1.0, 3)
+
+    def blocks(bounds):
+        return range(*(int(ops.convert_to_numpy(b)) for b in bounds))
+
     forward = {
         (i, j)
         for i in range(plan.query_blocks)
-        for j in range(*plan.key_range(i))
+        for j in blocks(plan.key_range(i, plan.tensors))
     }
     backward = {
         (i, j)
         for j in range(plan.key_blocks)
-        for i in range(*plan.query_range(j))
+        for i in blocks(plan.query_range(j, plan.tensors))
     }
-    visible = np_structure_mask(1, length, key_length, **arguments)[0]
+    visible = np_structure_mask(batch, length, key_length, **arguments)
+    visible = visible.any(axis=0)  # the loops serve every row at once
     seen = {
         (i, j)
         for i in range(plan.query_blocks)
@@ -190,7 +236,14 @@ def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
         if visible[3 * i : 3 * i + 3, 3 * j : 3 * j + 3].any()
     }
     assert len(seen) == pairs
-    assert forward == backward == seen
+    ids = arguments.get("segment_ids", np.zeros((1, 1)))
+    if all(np.all(np.diff(row[row > 0]) >= 0) for row in ids):
+        assert forward == backward == seen
+    else:  # every pair that sees something, and the blocks between
+        assert seen < forward and seen < backward
+        assert forward == {(0, 0), (0, 1), (0, 2), (1, 1), (2, 0), (2, 1),
+                           (2, 2)}  # fmt: skip
+        assert backward == {(j, i) for i, j in forward}
     if keras.backend.backend() != "torch":
         return
     calls = []
@@ -204,8 +257,11 @@ def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
         out.sum().backward()
     finally:
         chunked._hide = original
-    assert len(calls) == 2 * pairs  # each pair once forward, once backward
-    assert {tuple(int(x) for x in pair) for pair in calls} == seen
+    # Each pair once forward, once backward.
+    assert len(calls) == len(forward) + len(backward)
+    assert {tuple(int(x) for x in pair) for pair in calls} == (
+        forward | backward
+    )
 
 
 def test_bottom_right_is_top_left_shifted_by_the_cache():

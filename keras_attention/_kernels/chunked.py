@@ -17,6 +17,11 @@ only, and the backward pass visits, for key block `j`, query blocks
 diagonal block applies the causal condition. Any other band (bottom-right
 alignment, a sliding window) visits the key blocks the band reaches and
 applies the band, the padded keys and the segment ids in every block.
+Segment ids narrow the range further: a block pair whose query and key
+ids share no value in any row of the batch is left out (packed
+sequences reach only the blocks of their own documents). Which blocks
+those are depends on the ids, so the ranges are computed on the device,
+once per call, from each block's smallest and largest id.
 
 Shape legend: B batch, T query length, S key length, C block rows,
 N query heads, K key/value heads, G = N // K queries per key/value head,
@@ -24,6 +29,7 @@ H head dim, V value head dim, P = B x K.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention._kernels.structure import segments_visible
@@ -79,9 +85,11 @@ class _Plan:
         self.compute_dtype = "float32" if half else self.dtypes[0]
         # Below every real logit, and safe to subtract from in float32.
         self.negative = -1e30
+        segments = self._blocked_segments(structure)
         self.tensors = (
             None if mask is None else self._blocked_mask(mask),
-            *self._blocked_segments(structure),
+            *segments,
+            *self._segment_reach(*segments),
         )
         padded = self.key_length % block != 0
         # The last key block a query block sees: its causal diagonal, and
@@ -94,7 +102,7 @@ class _Plan:
             segments=structure.has_segments,
         )
 
-    def key_range(self, i):
+    def key_range(self, i, tensors):
         """Key blocks `[start, end)` that query block `i` can see (an
         empty range when `end <= start`)."""
         if self.is_causal:
@@ -107,9 +115,13 @@ class _Plan:
         if band.right is not None:
             last = i * c + c - 1 + band.offset + band.right
             end = _clip(_floor_divide(last, c) + 1, 0, self.key_blocks)
+        if band.has_segments:
+            starts, ends = tensors[3:5]
+            start = ops.maximum(start, ops.take(starts, i))
+            end = ops.minimum(end, ops.take(ends, i))
         return start, end
 
-    def query_range(self, j):
+    def query_range(self, j, tensors):
         """Query blocks `[start, end)` that can see key block `j`."""
         if self.is_causal:
             return _minimum(j, self.query_blocks), self.query_blocks
@@ -121,7 +133,31 @@ class _Plan:
         if band.left is not None:
             last = j * c + c - 1 + band.left - band.offset
             end = _clip(_floor_divide(last, c) + 1, 0, self.query_blocks)
+        if band.has_segments:
+            starts, ends = tensors[5:7]
+            start = ops.maximum(start, ops.take(starts, j))
+            end = ops.minimum(end, ops.take(ends, j))
         return start, end
+
+    def _segment_reach(self, query_ids, key_ids):
+        """The block ranges segment ids leave: for each query block, the
+        first and one past the last key block holding one of its ids in
+        some row of the batch, `(T'/C,)` twice; the same for each key
+        block over the query blocks, `(S'/C,)` twice; or four `None`.
+
+        A block's ids span `[lo, hi]` (0, padding, left out); two blocks
+        can share an id only where their spans overlap, and a range
+        covers every block between its first and last overlap."""
+        if query_ids is None:
+            return None, None, None, None
+        query_lo, query_hi = _id_span(query_ids, self.block)  # (B, T'/C)
+        key_lo, key_hi = _id_span(key_ids, self.block)  # (B, S'/C)
+        meets = ops.logical_and(
+            query_lo[:, :, None] <= key_hi[:, None, :],
+            key_lo[:, None, :] <= query_hi[:, :, None],
+        )  # (B, T'/C, S'/C)
+        meets = ops.any(meets, axis=0)
+        return (*_first_and_end(meets), *_first_and_end(ops.transpose(meets)))
 
     def _blocked_segments(self, structure):
         """Query and key segment ids `(B, T')`, `(B, S')`, padded with 0
@@ -160,6 +196,28 @@ class _Plan:
         return -length % self.block
 
 
+def _id_span(ids, block):
+    """Each block's smallest and largest non-zero id, `(B, n)` twice; a
+    block of padding only spans `[max, min]` of the dtype, which no span
+    overlaps."""
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    info = np.iinfo(dtype)
+    ids = ops.reshape(ids, (ops.shape(ids)[0], -1, block))  # (B, n, C)
+    real = ops.not_equal(ids, 0)
+    low = ops.min(ops.where(real, ids, ops.full_like(ids, info.max)), -1)
+    high = ops.max(ops.where(real, ids, ops.full_like(ids, info.min)), -1)
+    return low, high
+
+
+def _first_and_end(meets):
+    """For each row of `meets` `(n, m)`: its first true column and one
+    past its last, int32 `(n,)` twice (`m` and `0` for a row with none)."""
+    columns = ops.arange(meets.shape[1], dtype="int32")
+    first = ops.min(ops.where(meets, columns, meets.shape[1]), -1)
+    end = ops.max(ops.where(meets, columns + 1, 0), -1)
+    return first, end
+
+
 def _minimum(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
@@ -179,7 +237,8 @@ def _clip(x, low, high):
 def _with_gradient(plan):
     """`fn(query, key, value, tensors)`: the attention output
     `(B, T, N, V)`, differentiated by `_backward` on every backend.
-    `tensors` are the plan's blocked mask and segment ids."""
+    `tensors` are the plan's blocked mask, segment ids and their block
+    ranges."""
 
     def forward(query, key, value, tensors):
         query, key, value = _to_blocks(plan, query, key, value)
@@ -335,7 +394,7 @@ def _forward(plan, query, key, value, tensors):
             ops.zeros(shape, dtype),
             ops.zeros((*shape, plan.value_dim), dtype),
         )
-        start, end = plan.key_range(i)
+        start, end = plan.key_range(i, tensors)
         if plan.general:
             state = _loop(start, end, key_block, state, edge=plan.full_edge)
         else:
@@ -387,7 +446,7 @@ def _backward(plan, query, key, value, tensors, outputs, lse, grad):
             grad_query = _write_rows(grad_query, grad_q, i, c, groups)
             return grad_query, grad_k, grad_v
 
-        start, end = plan.query_range(j)
+        start, end = plan.query_range(j, tensors)
         state = (grad_query, ops.zeros_like(k), ops.zeros_like(v))
         if plan.general:
             state = _loop(start, end, query_block, state, edge=plan.full_edge)
@@ -492,7 +551,7 @@ def _hide(plan, tensors, i, j, logits, edge):
     """`logits` `(P, G*C, C)` of block pair `(i, j)` with every hidden
     position set to a large negative number."""
     c = plan.block
-    mask, query_ids, key_ids = tensors
+    mask, query_ids, key_ids = tensors[:3]
     visible = None
     if mask is not None:
         b, k, g, rows, _ = ops.shape(mask)  # a batch may be unknown
