@@ -58,6 +58,22 @@ def median_seconds(fn, repeats=5, warmup=1):
     return statistics.median(times)
 
 
+def interleaved_medians(fns, repeats=5, warmup=1):
+    """`{name: median seconds}` of each `fns[name]()`, the candidates
+    timed in turn within each repeat, so that load on a shared machine
+    falls on all of them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            block(fn())
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            block(fn())
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def matmul_gflops(size=2048, repeats=10):
     """The machine's float32 matmul throughput through this backend: the
     best of `repeats` runs, the practical limit every result is set
