@@ -1,4 +1,5 @@
-"""An RNN decoder with attention over the encoder states (seeds 000, 001).
+"""An RNN decoder with attention over the encoder states (Bahdanau et
+al. 2015; Luong et al. 2015).
 
 Shape legend: B batch, T target steps, S source length, E decoder input dim,
 De encoder dim, U cell units, A attentional state dim.
@@ -19,9 +20,9 @@ _FLOWS = ("bahdanau", "luong")
 class AttentionDecoder(keras.layers.Layer):
     """Runs a Keras RNN cell over the target with attention at every step.
 
-    The fix for the encoder bottleneck (seed 001): instead of one fixed
-    context vector, every decoding step builds its own context `c_t` from
-    all encoder states `h_j`. Two flows are implemented.
+    The fix for the encoder bottleneck (Bahdanau et al. 2015): instead of
+    one fixed context vector, every decoding step builds its own context
+    `c_t` from all encoder states `h_j`. Two flows are implemented.
 
     `flow="bahdanau"` ("previous state"): score with the previous state,
     then step the cell on the previous token and the context:

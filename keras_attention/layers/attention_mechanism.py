@@ -18,7 +18,8 @@ class AttentionMechanism(keras.layers.Layer):
 
     A decoder state `s` (the query) is scored against every encoder state
     `h_j` (the keys), the scores are normalised with a masked softmax and
-    the values are averaged with those weights (seeds 000 and 001):
+    the values are averaged with those weights (Bahdanau et al. 2015;
+    Luong et al. 2015):
 
     $$e_j = \\operatorname{score}(s, h_j), \\quad
     \\alpha_j = \\frac{\\exp(e_j)}{\\sum_k \\exp(e_k)}, \\quad

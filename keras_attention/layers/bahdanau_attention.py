@@ -21,7 +21,7 @@ class BahdanauAttention(AttentionMechanism):
 
     Decoder state `s` and encoder states `h_j` are projected into a shared
     space of `units` dims, added, squashed and reduced to a scalar score
-    (seed 001):
+    (Bahdanau et al. 2015):
 
     $$e_j = v_a^\\top \\tanh(W_a s + U_a h_j)$$
 

@@ -18,7 +18,7 @@ _ROTARY_ARGUMENTS = ("use_rotary", "max_wavelength")
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class CrossAttention(MultiHeadCore):
-    """Multi-head attention of one sequence over another (seed 002).
+    """Multi-head attention of one sequence over another.
 
     The decoder's states ask (queries) and the encoder's states answer
     (keys and values), as in the Transformer's encoder–decoder attention:

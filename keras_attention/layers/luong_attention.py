@@ -20,7 +20,7 @@ class LuongAttention(AttentionMechanism):
     """Multiplicative attention of Luong, Pham and Manning.
 
     Scores the current decoder state `s_t` against each encoder state
-    `h_j` in one of three ways (seed 001):
+    `h_j` in one of three ways (Luong et al. 2015):
 
     $$e_j = \\begin{cases}
     s_t^\\top h_j & \\text{dot} \\\\

@@ -15,7 +15,7 @@ from keras_attention.layers.multi_head_core import MultiHeadCore
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class MultiHeadSelfAttention(MultiHeadCore):
-    """Multi-head attention of a sequence over itself (seed 002).
+    """Multi-head attention of a sequence over itself.
 
     Every position produces a query, a key and a value per head; each head
     computes scaled dot-product attention and the heads are concatenated

@@ -14,9 +14,9 @@ from keras_attention.layers import checks
 class PositionalEncoding(keras.layers.Layer):
     """Adds the sinusoidal positional encoding to a sequence.
 
-    Self-attention is blind to order (seed 002), so each position `p` gets a
-    fixed vector added to its features, interleaving sines and cosines of
-    geometrically spaced wavelengths:
+    Self-attention is blind to order (Vaswani et al. 2017), so each
+    position `p` gets a fixed vector added to its features, interleaving
+    sines and cosines of geometrically spaced wavelengths:
 
     $$PE_{p, 2i} = \\sin\\left(\\frac{p}{m^{2i/D}}\\right), \\quad
     PE_{p, 2i+1} = \\cos\\left(\\frac{p}{m^{2i/D}}\\right)$$

@@ -17,8 +17,9 @@ from keras_attention.layers.transformer_block_base import TransformerBlockBase
 class TransformerDecoderBlock(TransformerBlockBase):
     """Causal self-attention, optional cross-attention, feed-forward net.
 
-    The decoder layer of the Transformer (seed 002), each sublayer residual
-    with post-LN by default (`normalize_first=True` for pre-LN):
+    The decoder layer of the Transformer (Vaswani et al. 2017), each
+    sublayer residual with post-LN by default (`normalize_first=True` for
+    pre-LN):
 
     $$Z_1 = \\operatorname{LN}(Y + \\operatorname{MaskedMultiHead}(Y)),
     \\quad Z_2 = \\operatorname{LN}(Z_1 + \\operatorname{MultiHead}(Z_1,

@@ -13,8 +13,8 @@ from keras_attention.layers.transformer_block_base import TransformerBlockBase
 class TransformerEncoderBlock(TransformerBlockBase):
     """Self-attention and a feed-forward net, each a residual sublayer.
 
-    The encoder layer of the Transformer (seed 002). With post-LN (the
-    default, as in the paper):
+    The encoder layer of the Transformer (Vaswani et al. 2017). With
+    post-LN (the default, as in the paper):
 
     $$Z = \\operatorname{LN}(X + \\operatorname{MultiHead}(X, X, X)),
     \\quad Y = \\operatorname{LN}(Z + \\operatorname{FFN}(Z))$$
