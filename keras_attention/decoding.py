@@ -62,13 +62,13 @@ def greedy_search(
     """Picks the most likely token at every step.
 
     Args:
-        step_fn: callable `(token_ids, state) -> (logits, state[, attn])`.
-        state: nested structure of batch-major tensors.
-        start_ids: int tensor `(B,)`, the first input tokens.
-        max_length: int. Number of tokens to generate.
-        end_id: int, optional. Once a sequence produces it, the rest of the
+        step_fn (Callable): `(token_ids, state) -> (logits, state[, attn])`.
+        state (Any): A nested structure of batch-major tensors.
+        start_ids (Tensor): Shape `(B,)`, integer, the first input tokens.
+        max_length: Number of tokens to generate.
+        end_id (int | None): Once a sequence produces it, the rest of the
             sequence is `end_id`; decoding stops when all have.
-        jit_compile: bool. Run the whole loop as one compiled program
+        jit_compile: Run the whole loop as one compiled program
             (`jax.jit`, `tf.function(jit_compile=True)`; eager on
             PyTorch): no per-step dispatch. The state must keep its
             structure, shapes and dtypes from step to step (a fixed-size
@@ -80,8 +80,8 @@ def greedy_search(
             to `False`: a Python loop that accepts any step function.
 
     Returns:
-        Int32 tensor `(B, max_length)` of generated ids, without
-        `start_ids`.
+        Tensor: The generated ids, int32 `(B, max_length)`, without
+            `start_ids`.
 
     Examples:
         >>> import keras
@@ -135,24 +135,24 @@ def sample(
     sampling; Holtzman et al., 2020). `top_k=1` is greedy search.
 
     Args:
-        step_fn: callable `(token_ids, state) -> (logits, state[, attn])`.
-        state: nested structure of batch-major tensors.
-        start_ids: int tensor `(B,)`.
-        max_length: int. Number of tokens to generate.
-        temperature: float > 0. Defaults to `1.0`.
-        top_k: int, optional. Keep the `top_k` most likely tokens.
-        top_p: float in (0, 1], optional. Nucleus mass.
-        seed: int or `keras.random.SeedGenerator`, optional. Same seed, same
+        step_fn (Callable): `(token_ids, state) -> (logits, state[, attn])`.
+        state (Any): A nested structure of batch-major tensors.
+        start_ids (Tensor): Shape `(B,)`, integer.
+        max_length: Number of tokens to generate.
+        temperature: Greater than 0. Defaults to `1.0`.
+        top_k: Keep the `top_k` most likely tokens.
+        top_p: Nucleus mass, in (0, 1].
+        seed (int | keras.random.SeedGenerator | None): Same seed, same
             samples.
-        end_id: int, optional. As in `greedy_search`.
-        jit_compile: bool. As in `greedy_search`. For the same seed the
+        end_id (int | None): As in `greedy_search`.
+        jit_compile: As in `greedy_search`. For the same seed the
             compiled loop draws the Python loop's tokens on JAX and
             PyTorch; on TensorFlow XLA's random numbers differ from
             TensorFlow's kernels, so its samples are reproducible but
             not the Python loop's.
 
     Returns:
-        Int32 tensor `(B, max_length)`.
+        Tensor: The generated ids, int32 `(B, max_length)`.
 
     Examples:
         >>> import keras
@@ -226,22 +226,22 @@ def beam_search(
     tiled to `B·K` rows and reordered after every step by the library.
 
     Args:
-        step_fn: callable `(token_ids, state) -> (logits, state[, attn])`;
+        step_fn (Callable): `(token_ids, state) -> (logits, state[, attn])`;
             `attn` `(B·K, S)` is required when `coverage_penalty > 0`.
-        state: nested structure of batch-major tensors `(B, ...)`. Every
-            leaf with a leading axis must have `B` rows: it is tiled to
+        state (Any): A nested structure of batch-major tensors `(B, ...)`.
+            Every leaf with a leading axis must have `B` rows: it is tiled to
             `B·K` rows and reordered with the beams. Leaves of rank 0 and
             Python numbers are shared by all beams. Tables that every
             example shares belong in `step_fn`'s closure, not here.
-        start_ids: int tensor `(B,)`.
-        max_length: int. Maximum number of tokens to generate.
-        beam_width: int. K.
-        end_id: int, optional. Ends a hypothesis; it keeps its score and is
+        start_ids (Tensor): Shape `(B,)`, integer.
+        max_length: Maximum number of tokens to generate.
+        beam_width: K.
+        end_id (int | None): Ends a hypothesis; it keeps its score and is
             padded with `end_id`.
-        length_penalty: float. α; 0 disables it. Defaults to `0.0`.
-        coverage_penalty: float. β; 0 disables it. Defaults to `0.0`.
-        return_all_beams: bool. Return every beam, best first.
-        jit_compile: bool. Run the whole search as one compiled program,
+        length_penalty: α; 0 disables it. Defaults to `0.0`.
+        coverage_penalty: β; 0 disables it. Defaults to `0.0`.
+        return_all_beams: Return every beam, best first.
+        jit_compile: Run the whole search as one compiled program,
             as in `greedy_search`: the same hypotheses and scores as the
             Python loop, ranked in float32 (the Python loop ranks in
             float64, so only candidates within float32 rounding of each
@@ -251,9 +251,9 @@ def beam_search(
             `False`.
 
     Returns:
-        `(sequences, scores)`: int32 `(B, L)` and float32 `(B,)` for the
-        best hypothesis, or `(B, K, L)` and `(B, K)` with
-        `return_all_beams=True`. `L` is `max_length`.
+        tuple[Tensor, Tensor]: `(sequences, scores)`, int32 `(B, L)` and
+            float32 `(B,)` for the best hypothesis, or `(B, K, L)` and
+            `(B, K)` with `return_all_beams=True`. `L` is `max_length`.
 
     Examples:
         >>> import keras
@@ -392,7 +392,7 @@ def clear_compiled_programs():
     kept programs hold (up to 8 programs are kept).
 
     Returns:
-        int. The number of programs forgotten.
+        int: The number of programs forgotten.
 
     Examples:
         >>> clear_compiled_programs() >= 0

@@ -29,10 +29,10 @@ def logits_dtype(dtype) -> str:
     dtypes are kept.
 
     Args:
-        dtype: str or dtype. The dtype of the query/key tensors.
+        dtype (str | DType): The dtype of the query/key tensors.
 
     Returns:
-        str. `"float32"` for half dtypes, else the standardized `dtype`.
+        str: `"float32"` for half dtypes, else the standardized `dtype`.
 
     Examples:
         >>> logits_dtype("bfloat16")
@@ -52,10 +52,10 @@ def large_negative(dtype) -> float:
     which every logit is masked never produces `inf - inf = NaN`.
 
     Args:
-        dtype: str or dtype. A floating dtype.
+        dtype (str | DType): A floating dtype.
 
     Returns:
-        float. The masking value.
+        float: The masking value.
 
     Examples:
         >>> large_negative("float16")
@@ -75,13 +75,13 @@ def causal_mask(query_length, key_length, offset=0):
     uses `offset=p`.
 
     Args:
-        query_length: int or scalar tensor. T.
-        key_length: int or scalar tensor. S.
-        offset: int or scalar tensor. Position of the first query among the
+        query_length (int | Tensor): T.
+        key_length (int | Tensor): S.
+        offset (int | Tensor): Position of the first query among the
             keys. Defaults to `0` (top-left aligned, as in PyTorch).
 
     Returns:
-        Boolean tensor of shape `(T, S)`, `True` = attend.
+        Tensor: Boolean, of shape `(T, S)`, `True` = attend.
 
     Examples:
         >>> import keras
@@ -110,17 +110,18 @@ def structure_mask(
     means. The arguments mean what they mean there.
 
     Args:
-        query_length: int. T.
-        key_length: int. S.
-        is_causal: bool, `"top_left"` or `"bottom_right"`. Defaults to
+        query_length (int): T.
+        key_length (int): S.
+        is_causal: `True`, `"top_left"` or `"bottom_right"`. Defaults to
             `False`.
-        sliding_window: int or `(left, right)`, optional.
-        segment_ids: int tensor `(B, T)` or a tuple `(query_ids (B, T),
-            key_ids (B, S))`, optional.
+        sliding_window: An int `w` or a pair `(left, right)`, as in
+            `scaled_dot_product_attention`.
+        segment_ids (Tensor | tuple[Tensor, Tensor] | None): Integer ids
+            `(B, T)`, or a tuple `(query_ids (B, T), key_ids (B, S))`.
 
     Returns:
-        Boolean tensor `(B, T, S)` with segment ids, else `(1, T, S)`;
-        `True` = attend. All `True` without structure.
+        Tensor: Boolean, `(B, T, S)` with segment ids, else `(1, T, S)`;
+            `True` = attend. All `True` without structure.
 
     Examples:
         A causal window of 2 keys, and two packed sequences:
@@ -162,10 +163,10 @@ def segment_positions(segment_ids):
     sequence packed after others gets the positions it would have alone.
 
     Args:
-        segment_ids: int tensor `(B, T)`.
+        segment_ids (Tensor): Shape `(B, T)`, integer.
 
     Returns:
-        Int32 tensor `(B, T)`.
+        Tensor: Int32 positions `(B, T)`.
 
     Examples:
         >>> import keras
@@ -213,15 +214,15 @@ def position_angles(length, dim: int, start_index=0, max_wavelength=1e4):
     `RotaryEmbedding` (rotations by the angles). Computed in float32.
 
     Args:
-        length: int or scalar tensor. T, the number of positions.
-        dim: int. D, the feature size; there are `ceil(D / 2)` angles.
-        start_index: int or scalar tensor. The first position. Defaults to
+        length (int | Tensor): T, the number of positions.
+        dim: D, the feature size; there are `ceil(D / 2)` angles.
+        start_index (int | Tensor): The first position. Defaults to
             `0`.
-        max_wavelength: float. `m`. Defaults to `10000.0`.
+        max_wavelength (float): `m`. Defaults to `10000.0`.
 
     Returns:
-        Float32 tensor `(T, ceil(D / 2))`: row `p` holds
-        `(start_index + p) / m^(2i/D)`.
+        Tensor: Float32 angles `(T, ceil(D / 2))`; row `p` holds
+            `(start_index + p) / m^(2i/D)`.
 
     Examples:
         >>> import keras
@@ -242,10 +243,12 @@ def merge_masks(*masks):
     """Logical AND of the given boolean masks, skipping `None`.
 
     Args:
-        *masks: boolean tensors that broadcast together, or `None`.
+        *masks (Tensor | None): Boolean tensors that broadcast together, or
+            `None`.
 
     Returns:
-        The broadcast conjunction, or `None` if every mask is `None`.
+        Tensor | None: The broadcast conjunction, or `None` if every mask is
+            `None`.
 
     Examples:
         >>> import keras
@@ -267,13 +270,13 @@ def padding_to_attention_mask(padding_mask, query_length=None):
     """Turns a key padding mask `(B, S)` into an attention mask `(B, T, S)`.
 
     Args:
-        padding_mask: boolean tensor `(B, S)`, `True` for real tokens, or
-            `None`.
-        query_length: int, optional. T. When omitted the result is
+        padding_mask (Tensor | None): Shape `(B, S)`, boolean, `True` for real
+            tokens, or `None`.
+        query_length (int | None): T. When omitted the result is
             `(B, 1, S)`, which broadcasts over any query length.
 
     Returns:
-        Boolean tensor `(B, T, S)` or `(B, 1, S)`, or `None`.
+        Tensor | None: Boolean, `(B, T, S)` or `(B, 1, S)`, or `None`.
 
     Examples:
         >>> import numpy as np
@@ -303,14 +306,14 @@ def masked_softmax(logits, mask=None, axis=-1):
     masking value), and the weights are returned in the logits' dtype.
 
     Args:
-        logits: float tensor.
-        mask: boolean tensor broadcastable to `logits`, `True` = keep, or
-            `None`.
-        axis: int. The normalised axis. Defaults to `-1`.
+        logits (Tensor): Float logits.
+        mask (Tensor | None): Boolean, broadcastable to `logits`, `True` =
+            keep, or `None`.
+        axis (int): The normalised axis. Defaults to `-1`.
 
     Returns:
-        Tensor of `logits`' shape and dtype with rows summing to 1, or to 0
-        where every entry of the row is masked.
+        Tensor: The weights, of `logits`' shape and dtype, with rows summing
+            to 1, or to 0 where every entry of the row is masked.
 
     Examples:
         >>> import keras
@@ -350,13 +353,13 @@ def additive_score(query, key, kernel, bias=None):
     once. `query` and `key` are already projected to the same `units`.
 
     Args:
-        query: tensor `(B, T, U)`, the projected queries `W q`.
-        key: tensor `(B, S, U)`, the projected keys `U h`.
-        kernel: tensor `(U,)`, the vector `v`.
-        bias: tensor `(U,)` or `None`. Added inside the `tanh`.
+        query (Tensor): Shape `(B, T, U)`, the projected queries `W q`.
+        key (Tensor): Shape `(B, S, U)`, the projected keys `U h`.
+        kernel (Tensor): Shape `(U,)`, the vector `v`.
+        bias (Tensor | None): Shape `(U,)`. Added inside the `tanh`.
 
     Returns:
-        Tensor `(B, T, S)` of scores.
+        Tensor: The scores, `(B, T, S)`.
 
     Examples:
         >>> import keras
@@ -426,46 +429,47 @@ def scaled_dot_product_attention(
     combine with each other and with `mask`.
 
     Args:
-        query: tensor `(B, T, H)` or `(B, T, N, H)`.
-        key: tensor `(B, S, H)` or `(B, S, K, H)`.
-        value: tensor `(B, S, V)` or `(B, S, K, V)`.
-        mask: boolean tensor, `True` = attend, or `None`. For 3-D inputs
-            it broadcasts to `(B, T, S)`; for 4-D inputs it broadcasts to
-            `(B, N, T, S)`, and a 3-D `(B, T, S)` mask is shared by all
-            heads. Defaults to `None`.
-        is_causal: bool or str. Also hide the keys after each query's
+        query (Tensor): Shape `(B, T, H)` or `(B, T, N, H)`.
+        key (Tensor): Shape `(B, S, H)` or `(B, S, K, H)`.
+        value (Tensor): Shape `(B, S, V)` or `(B, S, K, V)`.
+        mask (Tensor | None): Boolean, `True` = attend, or `None`. For 3-D
+            inputs it broadcasts to `(B, T, S)`; for 4-D inputs it broadcasts to
+            `(B, N, T, S)`, and a 3-D `(B, T, S)` mask is shared by all heads.
+            Defaults to `None`.
+        is_causal: Also hide the keys after each query's
             position. `True` or `"top_left"`: query `i` sees keys
             `j <= i` (as in `keras.ops.dot_product_attention`, PyTorch and
             JAX). `"bottom_right"`: query `i` sees keys `j <= i + S - T`
             (the queries are the last `T` positions). Defaults to `False`.
-        scale: float, optional. Multiplies the logits. Defaults to
+        scale: Multiplies the logits. Defaults to
             `1 / sqrt(H)`.
-        return_attention_scores: bool. Also return the attention weights.
+        return_attention_scores: Also return the attention weights.
             Defaults to `False`.
-        sliding_window: int or `(left, right)`, optional. Local attention
+        sliding_window: Local attention
             around each query's position `p` (aligned as `is_causal`
             says; top-left without it). An int `w` keeps the `w` keys
             `p - w < j <= p` (the query's own position and the `w - 1`
             before it: a causal window, as in Mistral); a pair keeps
             `p - left <= j <= p + right` (bidirectional local attention).
             Defaults to `None` (no window).
-        segment_ids: int tensor `(B, T)`, or a tuple `(query_ids (B, T),
-            key_ids (B, S))`, optional. Packed sequences: query `i` sees
-            key `j` only when their ids are equal; id `0` marks padding
-            (such keys are hidden, such queries get zeros). One tensor
-            serves queries and keys when `T = S`. Defaults to `None`.
-        alibi: bool. Adds the linear biases of ALiBi (Press et al. 2022)
+        segment_ids (Tensor | tuple[Tensor, Tensor] | None): Integer ids
+            `(B, T)`, or a tuple `(query_ids (B, T), key_ids (B, S))`. Packed
+            sequences: query `i` sees
+            key `j` only when their ids are equal; id `0` marks padding (such
+            keys are hidden, such queries get zeros). One tensor serves queries
+            and keys when `T = S`. Defaults to `None`.
+        alibi: Adds the linear biases of ALiBi (Press et al. 2022)
             to the logits, `-m_n |p_i - j|` with the slope `m_n` of head
             `n` (positions aligned as `is_causal` says). Defaults to
             `False`.
-        logit_soft_cap: float, optional. Caps the logits smoothly,
+        logit_soft_cap: Caps the logits smoothly,
             `cap * tanh(logits / cap)` (Gemma 2), before the ALiBi bias;
             in float32 for half-precision inputs. Defaults to `None`.
 
     Returns:
-        The output, `(B, T, V)` or `(B, T, N, V)`; with
-        `return_attention_scores=True` the tuple `(output, weights)` with
-        weights `(B, T, S)` or `(B, N, T, S)`.
+        Tensor | tuple[Tensor, Tensor]: The output, `(B, T, V)` or
+            `(B, T, N, V)`; with `return_attention_scores=True` the tuple
+            `(output, weights)` with weights `(B, T, S)` or `(B, N, T, S)`.
 
     Examples:
         One query, two keys: the first key matches the query better and
@@ -586,22 +590,22 @@ def explain(
     and segment structure is applied on that path. Nothing is computed.
 
     Args:
-        query: tensor (or a `keras.KerasTensor` of its shape), as in
-            `scaled_dot_product_attention`.
-        key: tensor or `keras.KerasTensor`, as there.
-        value: tensor, optional. Defaults to `key`.
-        mask: as in `scaled_dot_product_attention`.
-        is_causal: as there.
-        sliding_window: as there.
-        segment_ids: as there.
-        return_attention_scores: as there.
-        alibi: as there.
-        logit_soft_cap: as there.
+        query (Tensor | keras.KerasTensor): A tensor, or a `keras.KerasTensor`
+            of its shape, as in `scaled_dot_product_attention`.
+        key (Tensor | keras.KerasTensor): As there.
+        value (Tensor | keras.KerasTensor | None): Defaults to `key`.
+        mask (Tensor | None): As in `scaled_dot_product_attention`.
+        is_causal: As there.
+        sliding_window: As there.
+        segment_ids (Tensor | tuple[Tensor, Tensor] | None): As there.
+        return_attention_scores: As there.
+        alibi: As there.
+        logit_soft_cap: As there.
 
     Returns:
-        An `Explanation`: `.path` (`"fused"`, `"chunked"` or
-        `"reference"`), `.refused` (path name to reason), `.structure`;
-        `print` it for a summary.
+        Explanation: Its `.path` (`"fused"`, `"chunked"` or
+            `"reference"`), `.refused` (path name to reason), `.structure`;
+            `print` it for a summary.
 
     Examples:
         >>> import keras
@@ -769,17 +773,18 @@ def attention_weights(
     have the rank of the weights or be 3-D for 4-D inputs.
 
     Args:
-        query: tensor `(B, T, H)` or `(B, T, N, H)`.
-        key: tensor `(B, S, H)` or `(B, S, K, H)`.
-        mask: boolean tensor or `None`, as in `scaled_dot_product_attention`.
-        scale: float, optional. Defaults to `1 / sqrt(H)`.
-        soft_cap: float, optional. Logits become
+        query (Tensor): Shape `(B, T, H)` or `(B, T, N, H)`.
+        key (Tensor): Shape `(B, S, H)` or `(B, S, K, H)`.
+        mask (Tensor | None): Boolean, as in `scaled_dot_product_attention`.
+        scale (float | None): Defaults to `1 / sqrt(H)`.
+        soft_cap (float | None): Logits become
             `soft_cap * tanh(logits / soft_cap)`.
-        bias: float tensor broadcastable to the logits, optional. Added
+        bias (Tensor | None): Float, broadcastable to the logits. Added
             after the cap (an ALiBi bias, for example).
 
     Returns:
-        Weights `(B, T, S)` or `(B, N, T, S)` in the query's dtype.
+        Tensor: The weights, `(B, T, S)` or `(B, N, T, S)`, in the query's
+            dtype.
 
     Examples:
         >>> import keras
@@ -814,11 +819,12 @@ def attend(weights, value):
     """The weighted sum of values, `Σ_s weights[t, s] · value[s]`.
 
     Args:
-        weights: tensor `(B, T, S)` or `(B, N, T, S)`.
-        value: tensor `(B, S, V)` or `(B, S, K, V)` (`N % K == 0`).
+        weights (Tensor): Shape `(B, T, S)` or `(B, N, T, S)`.
+        value (Tensor): Shape `(B, S, V)` or `(B, S, K, V)` (`N % K == 0`).
 
     Returns:
-        Tensor `(B, T, V)` or `(B, T, N, V)` in the value's dtype.
+        Tensor: The output, `(B, T, V)` or `(B, T, N, V)`, in the value's
+            dtype.
 
     Examples:
         >>> import keras

@@ -17,15 +17,16 @@ def plot_attention(
     looked, which is not always why it decided (Jain and Wallace, 2019).
 
     Args:
-        weights: array-like `(T, S)` (a backend tensor or NumPy array).
-        source_tokens: list of str, optional. `S` labels for the x axis.
-        target_tokens: list of str, optional. `T` labels for the y axis.
-        ax: matplotlib `Axes`, optional. Draw into it instead of a new
+        weights (ArrayLike): Shape `(T, S)` (a backend tensor or NumPy
+            array).
+        source_tokens (list[str] | None): `S` labels for the x axis.
+        target_tokens (list[str] | None): `T` labels for the y axis.
+        ax (matplotlib.axes.Axes | None): Draw into it instead of a new
             figure.
-        title: str, optional.
+        title (str | None): The figure title.
 
     Returns:
-        The matplotlib `Figure`.
+        matplotlib.figure.Figure: The figure.
 
     Examples:
         >>> import numpy as np

@@ -3,26 +3,32 @@
 `make test` builds the site (`mkdocs build --strict`) and installs Debian's
 chromium if it is missing before running this. The pages are served from
 127.0.0.1 and Chromium runs with its background networking off, so math
-that typesets here typesets with no network.
+that typesets here typesets with no network. `audit` loads every page in
+that chromium through Playwright (the DevTools protocol) and lists each
+defect. DOCS_SITE=path checks another build.
 """
 
+import collections
+import contextlib
 import functools
 import html
 import http.server
+import os
 import re
 import shutil
 import subprocess
 import threading
+import urllib.parse
 from pathlib import Path
 
 import keras
 import pytest
+from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
-SITE = ROOT / "site"
+SITE = Path(os.environ.get("DOCS_SITE", ROOT / "site"))
 SHOTS = ROOT / "build" / "docs-screenshots"
-CHROMIUM_FLAGS = [
-    "--headless",
+OFFLINE_FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
     "--disable-background-networking",
@@ -31,6 +37,7 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--disable-quic",
 ]
+CHROMIUM_FLAGS = ["--headless", *OFFLINE_FLAGS]
 
 # The site does not depend on the backend: check it once, in one process.
 pytestmark = pytest.mark.skipif(
@@ -39,19 +46,30 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def server():
-    assert (SITE / "index.html").exists(), "run `make docs` first"
-    handler = functools.partial(
-        http.server.SimpleHTTPRequestHandler, directory=str(SITE)
-    )
-    handler.log_message = lambda *args: None
+@contextlib.contextmanager
+def serve(directory):
+    """Serves `directory` on 127.0.0.1; yields the base address."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(directory))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    assert (SITE / "index.html").exists(), "run `make docs` first"
+    with serve(SITE) as address:
+        yield address
 
 
 def chromium():
@@ -141,3 +159,231 @@ def test_api_page_lists_the_arguments(server, tmp_path):
     for argument in ("num_heads", "num_key_value_heads", "use_rotary"):
         assert argument in text
     assert 'class="katex"' in dom  # the equation in the class docstring
+
+
+# One pass over a rendered page at 1280 px, in the page: raw TeX left in
+# text outside code, tables and display equations wider than the content
+# column with no scroll bar, large images shown small with no link to
+# them; and its links and ids, which `audit` checks against the site.
+AUDIT_JS = r"""
+async () => {
+  const clip = (text) => text.replace(/\s+/g, " ").trim().slice(0, 60);
+  const found = [];
+  await document.fonts.ready;
+  const images = [...document.images];
+  for (const img of images) img.loading = "eager";
+  await Promise.all(images.map((img) => img.decode().catch(() => null)));
+
+  const code = "script, style, noscript, textarea, pre, code, kbd, .katex";
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const text = walker.currentNode.data;
+    const at = text.search(/\$|\\[([]/);
+    if (at >= 0 && !walker.currentNode.parentElement.closest(code)) {
+      const near = text.slice(Math.max(0, at - 20), at + 40);
+      found.push(["math", `raw TeX in "${clip(near)}"`]);
+    }
+  }
+  for (const error of document.querySelectorAll(".katex-error")) {
+    const why = error.title || error.textContent;
+    found.push(["math", "KaTeX error: " + clip(why)]);
+  }
+
+  const column = document.querySelector(".md-content");
+  const box = column && column.getBoundingClientRect();
+  const px = (x) => Math.round(x) + " px";
+  const overflow = (el) => {
+    const rect = el.getBoundingClientRect();
+    if (!rect.width) return null;  // in a closed tab or <details>
+    for (let node = el; node !== column; node = node.parentElement) {
+      if (node.scrollWidth <= node.clientWidth + 1) continue;
+      const style = getComputedStyle(node).overflowX;
+      if (style === "auto" || style === "scroll") {
+        const r = node.getBoundingClientRect();
+        const fits = r.left >= box.left - 1 && r.right <= box.right + 1;
+        return fits ? null : `its scroll box is ${px(r.width)} wide`;
+      }
+      if (style !== "visible") {
+        const hidden = node.scrollWidth - node.clientWidth;
+        return `${px(hidden)} cut off by overflow-x: ${style}`;
+      }
+    }
+    const right = Math.max(rect.right, rect.left + el.scrollWidth);
+    if (right <= box.right + 1 && rect.left >= box.left - 1) return null;
+    return `${px(right - rect.left)} wide, past the ${px(box.width)} ` +
+      "content column, with no scroll bar";
+  };
+  const wide = box ? column.querySelectorAll("table, .katex-display") : [];
+  for (const el of wide) {
+    const problem = overflow(el);
+    if (!problem) continue;
+    const tex = el.querySelector("annotation");
+    const what = el.matches("table")
+      ? `table "${clip(el.rows[0]?.textContent || "")}"`
+      : `equation "${clip((tex || el).textContent)}"`;
+    found.push(["overflow", what + " is " + problem]);
+  }
+
+  for (const img of images) {
+    const shown = img.getBoundingClientRect().width;
+    if (shown && img.naturalWidth > 3 * shown && !img.closest("a[href]")) {
+      found.push(["image", `${img.getAttribute("src")} is ` +
+        `${px(img.naturalWidth)} wide, shown at ${px(shown)}, unlinked`]);
+    }
+  }
+  const links = [...document.querySelectorAll("a[href]")].map(
+    (a) => new URL(a.getAttribute("href"), document.baseURI).href);
+  const ids = [...document.querySelectorAll("[id], a[name]")].map(
+    (el) => el.id || el.getAttribute("name"));
+  return { found, links, ids };
+}
+"""
+
+
+def is_local(url):
+    parts = urllib.parse.urlsplit(url)
+    local = parts.hostname in ("127.0.0.1", "localhost")
+    return local or parts.scheme in ("data", "blob", "about")
+
+
+def site_url(site):
+    """The address the site is published at, from its sitemap, if any."""
+    sitemap = site / "sitemap.xml"
+    if not sitemap.exists():
+        return None
+    locs = re.findall(r"<loc>(.*?)</loc>", sitemap.read_text("utf-8"))
+    return min(locs, key=len) if locs else None
+
+
+def audit(site, browser, tabs=4):
+    """Every defect of every page of `site`, as "page: kind: detail"."""
+    folders = (p.parent.relative_to(site) for p in site.rglob("index.html"))
+    pages = sorted(f"/{f.as_posix()}/".replace("/./", "/") for f in folders)
+    defects, links, ids = [], {}, {}
+    with serve(site) as address:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        # Recorded, then refused: the check needs no network either.
+        context.route(lambda url: not is_local(url), lambda r: r.abort())
+        # A few pages load at once, so their idle waits overlap.
+        for start in range(0, len(pages), tabs):
+            batch = pages[start : start + tabs]
+            opened = [open_tab(context, address + page) for page in batch]
+            for page, (tab, requested) in zip(batch, opened, strict=True):
+                # Network idle alone can come before "load" on a busy CPU,
+                # that is before the math is typeset.
+                tab.wait_for_load_state("load")
+                tab.wait_for_load_state("networkidle")
+                result = tab.evaluate(AUDIT_JS)
+                tab.close()
+                defects += [(page, *defect) for defect in result["found"]]
+                defects += [
+                    (page, "network", f"request to {url[:100]}")
+                    for url in dict.fromkeys(requested)
+                    if not is_local(url)
+                ]
+                links[page] = result["links"]
+                ids[site / page[1:] / "index.html"] = set(result["ids"])
+        context.close()
+    bases = [b for b in (address + "/", site_url(site)) if b]
+    for page, urls in links.items():
+        for url in dict.fromkeys(urls):
+            problem = broken_link(site, url, bases, ids)
+            if problem:
+                defects.append((page, "link", problem))
+    return [": ".join(defect) for defect in defects]
+
+
+def open_tab(context, url):
+    """A tab starting to load `url`, and the list of what it requests.
+
+    Playwright reports each request from the DevTools protocol's network
+    events, the page's workers' included.
+    """
+    tab = context.new_page()
+    requested = []
+    tab.on("request", lambda request: requested.append(request.url))
+    tab.on("websocket", lambda socket: requested.append(socket.url))
+    tab.goto(url, wait_until="commit")
+    return tab, requested
+
+
+def broken_link(site, url, bases, ids):
+    """Why a link into the site leads nowhere, or None if it does not."""
+    base = next((b for b in bases if url.startswith(b)), None)
+    if base is None:
+        return None  # another site
+    parts = urllib.parse.urlsplit(url[len(base) :])
+    path = urllib.parse.unquote(parts.path)
+    target = site / path
+    if target.is_dir():
+        target /= "index.html"
+    if not target.is_file():
+        return f"/{path} does not exist"
+    fragment = urllib.parse.unquote(parts.fragment)
+    if not fragment or target.suffix != ".html":
+        return None
+    if target not in ids:  # a page not audited, such as 404.html
+        text = target.read_text("utf-8")
+        ids[target] = set(re.findall(r'\b(?:id|name)="([^"]*)"', text))
+    if fragment not in ids[target]:
+        return f"/{path}#{parts.fragment}: no id {fragment!r} there"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium(), args=OFFLINE_FLAGS
+        )
+        yield browser
+        browser.close()
+
+
+def test_every_page_is_typeset_offline_fits_and_links(browser):
+    assert (SITE / "index.html").exists(), "run `make docs` first"
+    defects = audit(SITE, browser)
+    if defects:
+        kinds = collections.Counter(d.split(": ")[1] for d in defects)
+        pytest.fail(
+            f"{len(defects)} defects {dict(kinds)} in {SITE}:\n"
+            + "\n".join(defects),
+            pytrace=False,
+        )
+
+
+WIDE_SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="1200" height="40"/>'
+PAGE = """<!doctype html><meta charset="utf-8"><title>{title}</title>
+<body style="margin:0"><div class="md-content" style="width:400px">
+{body}</div>"""
+GOOD_BODY = r"""<p>Typeset <span class="katex"><annotation>\(x\)</annotation>
+</span> and <code>$ echo \(x\) \[y\]</code>.</p>
+<div style="overflow-x:auto"><table style="width:900px"><tr><td>scrolls
+</td></tr></table></div>
+<a href="wide.svg"><img src="wide.svg" style="width:100px"></a>
+<a href="bad/#here">anchor</a> <a href="https://example.com/">elsewhere</a>
+"""
+BAD_BODY = r"""<link rel="stylesheet" href="https://cdn.example.com/katex.css">
+<p id="here">Raw \(x^2\).</p>
+<span class="katex-error" title="ParseError: Unexpected end">\frac{</span>
+<table style="width:900px"><tr><td>too wide</td></tr></table>
+<div style="overflow:hidden"><div class="katex-display" style="width:900px">
+cut off</div></div>
+<img src="../wide.svg" style="width:100px">
+<a href="../missing/">gone</a> <a href="../#nowhere">no anchor</a>
+"""
+
+
+def test_the_audit_finds_each_kind_of_defect(browser, tmp_path):
+    (tmp_path / "wide.svg").write_text(WIDE_SVG)
+    (tmp_path / "index.html").write_text(
+        PAGE.format(title="good", body=GOOD_BODY)
+    )
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "index.html").write_text(
+        PAGE.format(title="bad", body=BAD_BODY)
+    )
+    defects = audit(tmp_path, browser)
+    found = collections.Counter(tuple(d.split(": ")[:2]) for d in defects)
+    expected = {"math": 2, "network": 1, "overflow": 2, "link": 2, "image": 1}
+    assert found == {("/bad/", k): n for k, n in expected.items()}, defects

@@ -29,11 +29,11 @@ def load_dates(
     after it in English, so the model must reorder.
 
     Args:
-        num_examples: int. Pairs drawn (before removing repeated sources).
-        locales: tuple of CLDR locale names.
-        seed: int. Same seed, same corpus and splits.
-        first_year: int. Earliest year.
-        last_year: int. Latest year.
+        num_examples: Pairs drawn (before removing repeated sources).
+        locales (tuple[str, ...]): CLDR locale names.
+        seed: Same seed, same corpus and splits.
+        first_year: Earliest year.
+        last_year: Latest year.
 
     Returns:
         A `ParallelCorpus` split 80/10/10.
@@ -72,11 +72,11 @@ def load_numbers(
     source first. `target_language="digits"` gives `"24"`.
 
     Args:
-        num_examples: int. Numbers drawn (before removing repeats).
-        source_language: str. A num2words language code.
-        target_language: str. A num2words language code or `"digits"`.
-        max_value: int. Largest number.
-        seed: int. Same seed, same corpus and splits.
+        num_examples: Numbers drawn (before removing repeats).
+        source_language: A num2words language code.
+        target_language: A num2words language code or `"digits"`.
+        max_value: Largest number.
+        seed: Same seed, same corpus and splits.
 
     Returns:
         A `ParallelCorpus` split 80/10/10.
@@ -113,9 +113,9 @@ def load_tsv(path, seed: int = 0, max_pairs=None) -> ParallelCorpus:
     and malformed lines.
 
     Args:
-        path: str or path-like. A UTF-8 text file.
-        seed: int. Split seed.
-        max_pairs: int, optional. Keep the first `max_pairs` lines.
+        path (str | os.PathLike): A UTF-8 text file.
+        seed: Split seed.
+        max_pairs (int | None): Keep the first `max_pairs` lines.
 
     Returns:
         A `ParallelCorpus` split 80/10/10.

@@ -12,10 +12,10 @@ class ParallelCorpus:
     generalisation, not memory.
 
     Attributes:
-        name: str. What the corpus is.
-        train: list of `(source, target)` string pairs.
-        validation: list of `(source, target)` pairs.
-        test: list of `(source, target)` pairs.
+        name (str): What the corpus is.
+        train (list[tuple[str, str]]): `(source, target)` string pairs.
+        validation (list[tuple[str, str]]): `(source, target)` pairs.
+        test (list[tuple[str, str]]): `(source, target)` pairs.
 
     Examples:
         >>> corpus = ParallelCorpus.from_pairs(
@@ -37,11 +37,12 @@ class ParallelCorpus:
         """Deduplicates sources, shuffles with `seed` and splits.
 
         Args:
-            name: str. The corpus name.
-            pairs: iterable of `(source, target)` strings. For a repeated
-                source the first pair is kept.
-            seed: int. Shuffling seed; the same seed gives the same splits.
-            fractions: `(train, validation, test)` fractions summing to 1.
+            name: The corpus name.
+            pairs (Iterable[tuple[str, str]]): `(source, target)` strings.
+                For a repeated source the first pair is kept.
+            seed: Shuffling seed; the same seed gives the same splits.
+            fractions (tuple[float, float, float]): `(train, validation,
+                test)` fractions summing to 1.
 
         Returns:
             A `ParallelCorpus`.

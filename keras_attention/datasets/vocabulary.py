@@ -15,6 +15,12 @@ _WORDS = re.compile(r"\w+|[^\w\s]")
 def word_tokens(text: str) -> list:
     """Splits text into words and single punctuation marks.
 
+    Args:
+        text: The text to split.
+
+    Returns:
+        The words and punctuation marks, in order.
+
     Examples:
         >>> word_tokens("29. November 2026")
         ['29', '.', 'November', '2026']
@@ -24,6 +30,12 @@ def word_tokens(text: str) -> list:
 
 def char_tokens(text: str) -> list:
     """Splits text into characters, spaces included.
+
+    Args:
+        text: The text to split.
+
+    Returns:
+        The characters, in order.
 
     Examples:
         >>> char_tokens("2026-11")
@@ -36,8 +48,8 @@ class Vocabulary:
     """Maps tokens to ids with `<pad>` = 0, `<unk>`, `<start>` and `<end>`.
 
     Args:
-        tokens: list of str. The tokens after the four special ones.
-        tokenizer: `"word"` or `"char"`. How texts are split.
+        tokens (list[str]): The tokens after the four special ones.
+        tokenizer: How texts are split: `"word"` or `"char"`.
 
     Examples:
         >>> vocab = Vocabulary.from_texts(["ab", "ba"], tokenizer="char")
@@ -97,11 +109,11 @@ class Vocabulary:
         """Encodes texts to an int32 array `(N, L)` padded with 0.
 
         Args:
-            texts: list of str.
-            max_length: int, optional. Pad or cut to this length. Defaults to
+            texts (list[str]): The texts to encode.
+            max_length (int | None): Pad or cut to this length. Defaults to
                 the longest encoded text.
-            add_start: bool. Prepend `<start>`.
-            add_end: bool. Append `<end>`.
+            add_start (bool): Prepend `<start>`.
+            add_end (bool): Append `<end>`.
         """
         unk = self.index[self.UNK]
         rows = []

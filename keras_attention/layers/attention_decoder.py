@@ -52,32 +52,35 @@ class AttentionDecoder(keras.layers.Layer):
     `keras_attention.decoding` drives.
 
     Args:
-        cell: a Keras RNN cell (`GRUCell`, `LSTMCell`, `SimpleRNNCell`, ...).
-        attention: an `AttentionMechanism` (`BahdanauAttention`,
-            `LuongAttention`).
-        flow: str. `"bahdanau"` or `"luong"`. Defaults to `"luong"` for a
+        cell (keras.layers.Layer): A Keras RNN cell (`GRUCell`, `LSTMCell`,
+            `SimpleRNNCell`, ...).
+        attention (AttentionMechanism): A `BahdanauAttention` or
+            `LuongAttention`.
+        flow: `"bahdanau"` or `"luong"`. Defaults to `"luong"` for a
             `LuongAttention` and `"bahdanau"` otherwise.
-        attention_dim: int. Size A of `s̃_t` in the Luong flow. Defaults to
+        attention_dim: Size A of `s̃_t` in the Luong flow. Defaults to
             the cell's units.
-        input_feeding: bool. Luong flow: feed `s̃_{t-1}` with the input.
+        input_feeding: Luong flow: feed `s̃_{t-1}` with the input.
             Defaults to `True`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        inputs: tensor `(B, T, E)`, the embedded previous target tokens
+    Other Parameters: Call arguments:
+        inputs (Tensor): Shape `(B, T, E)`, the embedded previous target tokens
             `y_{t-1}` (teacher forcing).
-        encoder_outputs: tensor `(B, S, De)`, the states `h_j`.
-        encoder_padding_mask: boolean tensor `(B, S)`. Defaults to the
+        encoder_outputs (Tensor): Shape `(B, S, De)`, the states `h_j`.
+        encoder_padding_mask (Tensor): Shape `(B, S)`, boolean. Defaults to the
             Keras mask of `encoder_outputs`.
-        initial_state: list of cell state tensors, e.g. the encoder's final
-            state. Defaults to zeros.
-        return_attention_scores: bool. Also return the alignment history
+        initial_state (list[Tensor] | None): Cell states, e.g. the encoder's
+            final state. Defaults to zeros.
+        return_attention_scores (bool): Also return the alignment history
             `(B, T, S)`.
-        training: bool. Whether the attention's dropout is active.
+        training (bool): Whether the attention's dropout is active.
 
     Returns:
-        Outputs `(B, T, U)` (Bahdanau) or `(B, T, A)` (Luong), and with
-        `return_attention_scores=True` the alignments `(B, T, S)`.
+        Tensor | tuple[Tensor, Tensor]: The outputs, `(B, T, U)` (Bahdanau)
+            or `(B, T, A)` (Luong), and with `return_attention_scores=True`
+            the alignments `(B, T, S)`.
 
     Examples:
         >>> import keras
@@ -318,16 +321,17 @@ class AttentionDecoder(keras.layers.Layer):
         them.
 
         Args:
-            encoder_outputs: tensor `(B, S, De)`.
-            encoder_padding_mask: boolean tensor `(B, S)` or `None`. Kept
+            encoder_outputs (Tensor): Shape `(B, S, De)`.
+            encoder_padding_mask (Tensor | None): Shape `(B, S)`, boolean. Kept
                 for the signature's symmetry with `step`; the mask itself
                 is passed to `step`.
-            initial_state: list of cell state tensors or `None` (zeros).
+            initial_state (list[Tensor] | None): Cell states, or `None`
+                (zeros).
 
         Returns:
-            A dict of batch-major tensors: `"cell"` (the list of cell
-            states), `"keys"` (projected keys `(B, S, U)`) and, for the
-            Luong flow with input feeding, `"feed"` (`s̃`, `(B, A)`).
+            dict: Batch-major tensors: `"cell"` (the list of cell states),
+                `"keys"` (projected keys `(B, S, U)`) and, for the Luong flow
+                with input feeding, `"feed"` (`s̃`, `(B, A)`).
         """
         batch = ops.shape(encoder_outputs)[0]
         if initial_state is None:
@@ -369,15 +373,17 @@ class AttentionDecoder(keras.layers.Layer):
         """One decoding step.
 
         Args:
-            inputs_t: tensor `(B, E)`, the embedded previous token.
-            state: the dict of `get_initial_state` or of the previous step.
-            encoder_outputs: tensor `(B, S, De)`.
-            encoder_padding_mask: boolean tensor `(B, S)` or `None`.
-            training: bool.
+            inputs_t (Tensor): Shape `(B, E)`, the embedded previous token.
+            state (dict): The dict of `get_initial_state` or of the previous
+                step.
+            encoder_outputs (Tensor): Shape `(B, S, De)`.
+            encoder_padding_mask (Tensor | None): Shape `(B, S)`, boolean.
+            training (bool): Whether dropout is active.
 
         Returns:
-            `(output_t, new_state, alignment_t)`: output `(B, U)` or
-            `(B, A)`, the new state dict, the weights `(B, S)`.
+            tuple[Tensor, dict, Tensor]: `(output_t, new_state,
+                alignment_t)`: the output `(B, U)` or `(B, A)`, the new state
+                dict, the weights `(B, S)`.
         """
         return self._step(
             inputs_t, state, encoder_outputs, encoder_padding_mask, training

@@ -31,28 +31,31 @@ class AttentionMechanism(keras.layers.Layer):
     decoding step through `attend`), and implement `_score`.
 
     Args:
-        dropout: float. Dropout rate on the attention weights during
+        dropout: Dropout rate on the attention weights during
             training. Defaults to `0.0`.
-        kernel_initializer: str or initializer. Initializer of the
-            projection kernels. Defaults to `"glorot_uniform"`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        kernel_initializer (str | keras.initializers.Initializer): Initializer
+            of the projection kernels. Defaults to `"glorot_uniform"`.
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        query: tensor `(B, Dq)` (one decoder step) or `(B, T, Dq)`.
-        value: tensor `(B, S, Dv)`, the encoder states that are averaged.
-        key: tensor `(B, S, Dk)`, the encoder states that are scored.
+    Other Parameters: Call arguments:
+        query (Tensor): Shape `(B, Dq)` (one decoder step) or `(B, T, Dq)`.
+        value (Tensor): Shape `(B, S, Dv)`, the encoder states that are
+            averaged.
+        key (Tensor): Shape `(B, S, Dk)`, the encoder states that are scored.
             Defaults to `value`.
-        value_mask: boolean tensor `(B, S)`, `True` for real source tokens.
-            Defaults to the Keras mask of `value` (e.g. from
+        value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
+            tokens. Defaults to the Keras mask of `value` (e.g. from
             `Embedding(mask_zero=True)`), if any.
-        return_attention_scores: bool. Also return the weights.
-        training: bool. Whether dropout is active.
+        return_attention_scores (bool): Also return the weights.
+        training (bool): Whether dropout is active.
 
     Returns:
-        The context `(B, Dv)` or `(B, T, Dv)`; with
-        `return_attention_scores=True`, the tuple `(context, weights)` with
-        weights `(B, S)` or `(B, T, S)`. Source positions masked out get
-        weight 0; a query with no visible source gets an all-zero context.
+        Tensor | tuple[Tensor, Tensor]: The context `(B, Dv)` or
+            `(B, T, Dv)`; with `return_attention_scores=True`, the tuple
+            `(context, weights)` with weights `(B, S)` or `(B, T, S)`. Source
+            positions masked out get weight 0; a query with no visible source
+            gets an all-zero context.
     """
 
     def __init__(
@@ -146,10 +149,11 @@ class AttentionMechanism(keras.layers.Layer):
         (which would project the keys again at each step).
 
         Args:
-            key: tensor `(B, S, Dk)`, the encoder states that are scored.
+            key (Tensor): Shape `(B, S, Dk)`, the encoder states that are
+                scored.
 
         Returns:
-            Tensor `(B, S, U)`: the projected keys for `attend`.
+            Tensor: The projected keys `(B, S, U)` for `attend`.
         """
         return key
 
@@ -166,24 +170,23 @@ class AttentionMechanism(keras.layers.Layer):
         """Attention with keys already passed through `project_keys`.
 
         Args:
-            query: tensor `(B, Dq)` or `(B, T, Dq)`.
-            value: tensor `(B, S, Dv)`.
-            projected_keys: the output of `project_keys(key)`.
-            value_mask: boolean tensor `(B, S)` or `None`.
-            return_attention_scores: bool. Also return the weights.
-            training: bool. Whether dropout is active.
-            dropout_mask: float tensor `(B, S)` or `(B, T, S)` (the shape
-                of the weights), or `None`. A dropout keep-mask already
-                scaled by `1 / (1 - dropout)`: the weights are multiplied
-                by it instead of going through the layer's own dropout,
-                whatever `training` is. A loop compiled with
-                `keras.ops.scan` draws its masks before the loop and
-                passes one per step (as Keras's RNN layers do): a seed
-                drawn inside the loop body would escape JAX's trace.
-                Defaults to `None`: the layer's dropout, in training.
+            query (Tensor): Shape `(B, Dq)` or `(B, T, Dq)`.
+            value (Tensor): Shape `(B, S, Dv)`.
+            projected_keys (Tensor): The output of `project_keys(key)`.
+            value_mask (Tensor | None): Shape `(B, S)`, boolean.
+            return_attention_scores: Also return the weights.
+            training (bool): Whether dropout is active.
+            dropout_mask (Tensor): Shape `(B, S)` or `(B, T, S)`, float (the
+                shape of the weights), or `None`. A dropout keep-mask already
+                scaled by `1 / (1 - dropout)`: the weights are multiplied by it
+                instead of going through the layer's own dropout, whatever
+                `training` is. A loop compiled with `keras.ops.scan` draws its
+                masks before the loop and passes one per step (as Keras's RNN
+                layers do): a seed drawn inside the loop body would escape JAX's
+                trace. Defaults to `None`: the layer's dropout, in training.
 
         Returns:
-            As the layer's call.
+            Tensor | tuple[Tensor, Tensor]: As the layer's call.
         """
         self._check_mask(value_mask, value.shape)
         single_step = len(query.shape) == 2

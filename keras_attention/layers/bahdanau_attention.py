@@ -37,29 +37,30 @@ class BahdanauAttention(AttentionMechanism):
     \\tanh(W_a s + U_a h_j + b)$$
 
     Args:
-        units: int. Size U of the shared projection space.
-        normalize: bool. Use the weight-normalised form. Defaults to
+        units: Size U of the shared projection space.
+        normalize: Use the weight-normalised form. Defaults to
             `False`.
-        dropout: float. Dropout rate on the attention weights during
+        dropout: Dropout rate on the attention weights during
             training. Defaults to `0.0`.
-        kernel_initializer: str or initializer. Initializer of `W_a`,
-            `U_a` and `v_a`. Defaults to `"glorot_uniform"`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        kernel_initializer (str | keras.initializers.Initializer): Initializer
+            of `W_a`, `U_a` and `v_a`. Defaults to `"glorot_uniform"`.
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        query: tensor `(B, Dq)` (one decoder step, the state `s_{t-1}` in
-            Bahdanau's flow) or `(B, T, Dq)`.
-        value: tensor `(B, S, Dv)`, the encoder states.
-        key: tensor `(B, S, Dk)`. Defaults to `value`.
-        value_mask: boolean tensor `(B, S)`, `True` for real source tokens.
-            Defaults to the Keras mask of `value`.
-        return_attention_scores: bool. Also return the weights.
-        training: bool. Whether dropout is active.
+    Other Parameters: Call arguments:
+        query (Tensor): Shape `(B, Dq)` (one decoder step, the state `s_{t-1}`
+            in Bahdanau's flow) or `(B, T, Dq)`.
+        value (Tensor): Shape `(B, S, Dv)`, the encoder states.
+        key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
+        value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
+            tokens. Defaults to the Keras mask of `value`.
+        return_attention_scores (bool): Also return the weights.
+        training (bool): Whether dropout is active.
 
     Returns:
-        The context `(B, Dv)` or `(B, T, Dv)`, and with
-        `return_attention_scores=True` also the weights `(B, S)` or
-        `(B, T, S)`.
+        Tensor | tuple[Tensor, Tensor]: The context `(B, Dv)` or
+            `(B, T, Dv)`, and with `return_attention_scores=True` also the
+            weights `(B, S)` or `(B, T, S)`.
 
     Examples:
         >>> import numpy as np

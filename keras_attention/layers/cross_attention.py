@@ -37,49 +37,51 @@ class CrossAttention(MultiHeadCore):
     `max_wavelength` raises a `ValueError`.
 
     Args:
-        num_heads: int. Number of query heads N.
-        key_dim: int. Head dim H of queries and keys. Defaults to
+        num_heads: Number of query heads N.
+        key_dim: Head dim H of queries and keys. Defaults to
             `Dq // num_heads` (then Dq must be divisible by N).
-        value_dim: int. Head dim of values. Defaults to `key_dim`.
-        dropout: float. Dropout rate on the attention weights during
+        value_dim: Head dim of values. Defaults to `key_dim`.
+        dropout: Dropout rate on the attention weights during
             training. Defaults to `0.0`.
-        use_bias: bool. Biases in the projections. Defaults to `True`.
-        num_key_value_heads: int. Number K of key/value heads, a divisor of
+        use_bias: Biases in the projections. Defaults to `True`.
+        num_key_value_heads: Number K of key/value heads, a divisor of
             `num_heads`. Defaults to `num_heads`.
-        kernel_initializer: str or initializer. Defaults to
+        kernel_initializer (str | keras.initializers.Initializer): Defaults to
             `"glorot_uniform"`.
-        bias_initializer: str or initializer. Defaults to `"zeros"`.
-        sliding_window: int or `(left, right)`, optional. Local attention:
-            query `i` sees source positions `i - left` to `i + right` (an
-            int `w` is `(w - 1, 0)`), as in Luong et al.'s local
-            attention with monotonic alignment. Defaults to `None`.
-        alibi: bool. ALiBi position biases `-m_n |i - j|`. Defaults to
+        bias_initializer (str | keras.initializers.Initializer): Defaults to
+            `"zeros"`.
+        sliding_window: Local attention: query `i` sees source positions `i -
+            left` to `i + right` (an int `w` is `(w - 1, 0)`), as in Luong et
+            al.'s local attention with monotonic alignment. Defaults to `None`.
+        alibi: ALiBi position biases `-m_n |i - j|`. Defaults to
             `False`.
-        logit_soft_cap: float, optional. Soft cap of the logits,
+        logit_soft_cap: Soft cap of the logits,
             `cap * tanh(logits / cap)`. Defaults to `None`.
-        use_qk_norm: bool. RMS-normalise each head's queries and keys
+        use_qk_norm: RMS-normalise each head's queries and keys
             (see `MultiHeadSelfAttention`). Defaults to `False`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        query: tensor `(B, T, Dq)`.
-        value: tensor `(B, S, Dv)`. May be `None` when `cache` is given.
-        key: tensor `(B, S, Dk)`. Defaults to `value`.
-        value_mask: boolean tensor `(B, S)`, `True` for real source tokens.
-            Defaults to the Keras mask of `value`.
-        attention_mask: boolean tensor `(B, T, S)`, `True` = attend.
-        cache: tensor `(B, 2, S, K, H)` from `compute_cache`: the projected
-            keys and values, used instead of projecting `key`/`value`.
-        return_attention_scores: bool. Also return the weights
+    Other Parameters: Call arguments:
+        query (Tensor): Shape `(B, T, Dq)`.
+        value (Tensor): Shape `(B, S, Dv)`. May be `None` when `cache` is given.
+        key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
+        value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
+            tokens. Defaults to the Keras mask of `value`.
+        attention_mask (Tensor): Shape `(B, T, S)`, boolean, `True` = attend.
+        cache (Tensor): Shape `(B, 2, S, K, H)` from `compute_cache`: the
+            projected keys and values, used instead of projecting `key`/`value`.
+        return_attention_scores (bool): Also return the weights
             `(B, N, T, S)`.
-        segment_ids: a tuple `(query_ids (B, T), source_ids (B, S))` of
-            int tensors, optional. Packed pairs of sequences: a query
-            attends only to the source positions of its own id; id `0` is
-            padding. Defaults to `None`.
-        training: bool. Whether dropout is active.
+        segment_ids (tuple[Tensor, Tensor] | None): Integer `(query_ids (B, T),
+            source_ids (B, S))`. Packed pairs of sequences: a query attends only
+            to the source positions of its own id; id `0` is padding. Defaults
+            to `None`.
+        training (bool): Whether dropout is active.
 
     Returns:
-        `outputs` `(B, T, Dq)`, or `(outputs, scores)`.
+        Tensor | tuple[Tensor, Tensor]: `outputs` `(B, T, Dq)`, or
+            `(outputs, scores)`.
 
     Examples:
         >>> import numpy as np
@@ -252,12 +254,13 @@ class CrossAttention(MultiHeadCore):
         """Projected keys and values of a source, computed once.
 
         Args:
-            value: tensor `(B, S, Dv)`.
-            key: tensor `(B, S, Dk)`. Defaults to `value`.
+            value (Tensor): Shape `(B, S, Dv)`.
+            key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
 
         Returns:
-            Tensor `(B, 2, S, K, H)`: keys `[:, 0]`, values `[:, 1]`, for the
-            `cache` argument of `call`. Needs `key_dim == value_dim`.
+            Tensor: Shape `(B, 2, S, K, H)`, keys `[:, 0]`, values `[:, 1]`,
+                for the `cache` argument of `call`. Needs
+                `key_dim == value_dim`.
         """
         key = value if key is None else key
         if self._head_dim != self._value_head_dim:

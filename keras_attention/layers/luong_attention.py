@@ -36,33 +36,34 @@ class LuongAttention(AttentionMechanism):
     (initialised to 1).
 
     Args:
-        score: str. `"dot"` (needs `Dq == Dk`), `"general"` or `"concat"`.
+        score: `"dot"` (needs `Dq == Dk`), `"general"` or `"concat"`.
             Defaults to `"general"`.
-        units: int. Size U of the hidden layer of the `concat` score;
+        units: Size U of the hidden layer of the `concat` score;
             required for `concat` and not accepted by the others. Defaults
             to `None`.
-        scale: bool. Learn a scalar gain on the scores. Defaults to
+        scale: Learn a scalar gain on the scores. Defaults to
             `False`.
-        dropout: float. Dropout rate on the attention weights during
+        dropout: Dropout rate on the attention weights during
             training. Defaults to `0.0`.
-        kernel_initializer: str or initializer. Initializer of `W_a` and
-            `v_a`. Defaults to `"glorot_uniform"`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        kernel_initializer (str | keras.initializers.Initializer): Initializer
+            of `W_a` and `v_a`. Defaults to `"glorot_uniform"`.
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        query: tensor `(B, Dq)` (one decoder step, the state `s_t` in
+    Other Parameters: Call arguments:
+        query (Tensor): Shape `(B, Dq)` (one decoder step, the state `s_t` in
             Luong's flow) or `(B, T, Dq)`.
-        value: tensor `(B, S, Dv)`, the encoder states.
-        key: tensor `(B, S, Dk)`. Defaults to `value`.
-        value_mask: boolean tensor `(B, S)`, `True` for real source tokens.
-            Defaults to the Keras mask of `value`.
-        return_attention_scores: bool. Also return the weights.
-        training: bool. Whether dropout is active.
+        value (Tensor): Shape `(B, S, Dv)`, the encoder states.
+        key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
+        value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
+            tokens. Defaults to the Keras mask of `value`.
+        return_attention_scores (bool): Also return the weights.
+        training (bool): Whether dropout is active.
 
     Returns:
-        The context `(B, Dv)` or `(B, T, Dv)`, and with
-        `return_attention_scores=True` also the weights `(B, S)` or
-        `(B, T, S)`.
+        Tensor | tuple[Tensor, Tensor]: The context `(B, Dv)` or
+            `(B, T, Dv)`, and with `return_attention_scores=True` also the
+            weights `(B, S)` or `(B, T, S)`.
 
     Examples:
         >>> import keras

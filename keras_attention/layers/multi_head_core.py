@@ -115,17 +115,17 @@ class MultiHeadCore(keras.layers.Layer):
         and `key_length` keys (defaults to `length`).
 
         Args:
-            length: int. T, the number of queries.
-            key_length: int, optional. S. Defaults to `length`.
-            use_causal_mask: bool. As in `call`. Defaults to `False`.
-            segment_ids: int tensor `(batch_size, T)`, optional.
-            return_attention_scores: bool. Defaults to `False`.
-            training: bool. Attention dropout is active in training.
+            length: T, the number of queries.
+            key_length: S. Defaults to `length`.
+            use_causal_mask: As in `call`. Defaults to `False`.
+            segment_ids (Tensor | None): Shape `(batch_size, T)`, integer.
+            return_attention_scores: Defaults to `False`.
+            training: Attention dropout is active in training.
                 Defaults to `False`.
-            batch_size: int. B. Defaults to `1`.
+            batch_size: B. Defaults to `1`.
 
         Returns:
-            An `Explanation` (`.path`, `.refused`, `.structure`).
+            Explanation: With `.path`, `.refused` and `.structure`.
         """
         if not self.built:
             raise ValueError(

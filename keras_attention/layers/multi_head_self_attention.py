@@ -48,76 +48,79 @@ class MultiHeadSelfAttention(MultiHeadCore):
     et al. 2023).
 
     Args:
-        num_heads: int. Number of query heads N.
-        key_dim: int. Head dim H of queries and keys. Defaults to
+        num_heads (int): Number of query heads N.
+        key_dim (int): Head dim H of queries and keys. Defaults to
             `D // num_heads` (then D must be divisible by N).
-        value_dim: int. Head dim of values. Defaults to `key_dim`.
-        dropout: float. Dropout rate on the attention weights during
+        value_dim (int): Head dim of values. Defaults to `key_dim`.
+        dropout (float): Dropout rate on the attention weights during
             training. Defaults to `0.0`.
-        use_bias: bool. Biases in the projections. Defaults to `True`.
-        num_key_value_heads: int. Number K of key/value heads, a divisor of
+        use_bias (bool): Biases in the projections. Defaults to `True`.
+        num_key_value_heads (int): Number K of key/value heads, a divisor of
             `num_heads`. Defaults to `num_heads`.
-        use_rotary: bool. Rotary position embedding of queries and keys.
+        use_rotary (bool): Rotary position embedding of queries and keys.
             Defaults to `False`.
-        max_wavelength: float. Longest rotary wavelength. Defaults to
+        max_wavelength (float): Longest rotary wavelength. Defaults to
             `10000.0`.
-        kernel_initializer: str or initializer. Defaults to
+        kernel_initializer (str | keras.initializers.Initializer): Defaults to
             `"glorot_uniform"`.
-        bias_initializer: str or initializer. Defaults to `"zeros"`.
-        sliding_window: int or `(left, right)`, optional. Local attention:
-            an int `w` lets each position see itself and the `w - 1`
-            positions before it (as in Mistral); a pair sees `left`
-            positions before and `right` after. With a cache the window
-            is kept over the cached positions. The blockwise path skips
-            the key blocks outside the window. Defaults to `None`.
-        alibi: bool. Linear position biases on the logits (ALiBi, Press
+        bias_initializer (str | keras.initializers.Initializer): Defaults to
+            `"zeros"`.
+        sliding_window (int | tuple[int, int] | None): Local attention: an int
+            `w` lets each position see itself and the `w - 1` positions before
+            it (as in Mistral); a pair sees `left` positions before and `right`
+            after. With a cache the window is kept over the cached positions.
+            The blockwise path skips the key blocks outside the window. Defaults
+            to `None`.
+        alibi (bool): Linear position biases on the logits (ALiBi, Press
             et al. 2022), one slope per head; usually instead of position
             embeddings. Defaults to `False`.
-        logit_soft_cap: float, optional. Caps the logits smoothly,
+        logit_soft_cap (float | None): Caps the logits smoothly,
             `cap * tanh(logits / cap)` (as in Gemma 2). Defaults to
             `None`.
-        use_qk_norm: bool. RMS-normalise each head's queries and keys
+        use_qk_norm (bool): RMS-normalise each head's queries and keys
             over the head dim, with a learned scale, before rotary
             positions and the dot product (QK normalisation, Henry et al.
             2020; Dehghani et al. 2023): it bounds the logits and
             steadies training at high learning rates. Defaults to
             `False`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        inputs: tensor `(B, T, D)`.
-        padding_mask: boolean tensor `(B, T)` (`(B, S_max)` with a cache;
-            with a rolling cache `(B, S)` over the absolute positions,
-            `S >= cache_index + T`), `True` for real tokens; padded keys
-            get zero weight. Defaults to the Keras mask of `inputs`.
-        attention_mask: boolean tensor `(B, T, S)`, `True` = attend. Not
-            with a rolling cache.
-        use_causal_mask: bool. Hide the keys after each query.
-        return_attention_scores: bool. Also return the weights
+    Other Parameters: Call arguments:
+        inputs (Tensor): Shape `(B, T, D)`.
+        padding_mask (Tensor): Shape `(B, T)`, boolean (`(B, S_max)` with a
+            cache; with a rolling cache `(B, S)` over the absolute positions,
+            `S >= cache_index + T`), `True` for real tokens; padded keys get
+            zero weight. Defaults to the Keras mask of `inputs`.
+        attention_mask (Tensor): Shape `(B, T, S)`, boolean, `True` = attend.
+            Not with a rolling cache.
+        use_causal_mask (bool): Hide the keys after each query.
+        return_attention_scores (bool): Also return the weights
             `(B, N, T, S)`; with a rolling cache of `R` positions
             `(B, N, T, R + T)`, over positions `cache_index - R` to
             `cache_index + T - 1`.
-        cache: tensor `(B, 2, S_max, K, H)`: keys `[:, 0]` and values
-            `[:, 1]` of the previous steps. Needs `key_dim == value_dim`.
-            With a `sliding_window` of `w`, a cache of `S_max = w`
-            positions is a rolling cache.
-        cache_index: int or scalar int tensor. Position of the first token
+        cache (Tensor | None): Shape `(B, 2, S_max, K, H)`: keys `[:, 0]` and
+            values `[:, 1]` of the previous steps. Needs `key_dim == value_dim`.
+            With a `sliding_window` of `w`, a cache of `S_max = w` positions is
+            a rolling cache.
+        cache_index (int | Tensor): Position of the first token
             of `inputs` in the cache. An index whose tokens do not fit the
             cache raises a `ValueError` when its value is known (an int, a
             NumPy or host tensor); one that is traced (inside a compiled
             function) or on an accelerator is clipped so that they fit.
-        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
-            positions attend only within equal ids; id `0` is padding;
-            rotary positions restart at each sequence. Not with a
-            `cache`.
-        training: bool. Whether dropout is active.
-        mask, inputs_mask: the implicit Keras mask of `inputs`, filled in by
-            Keras; not passed by hand.
+        segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:
+            positions attend only within equal ids; id `0` is padding; rotary
+            positions restart at each sequence. Not with a `cache`.
+        training (bool): Whether dropout is active.
+        mask (Tensor | None): The implicit Keras mask of `inputs`, filled in
+            by Keras; not passed by hand.
+        inputs_mask (Tensor | None): The same, under the name Keras also
+            uses; not passed by hand.
 
     Returns:
-        `outputs` `(B, T, D)`; `(outputs, scores)` with
-        `return_attention_scores`; `(outputs, new_cache)` or
-        `(outputs, scores, new_cache)` with a `cache`.
+        Tensor | tuple: `outputs` `(B, T, D)`; `(outputs, scores)` with
+            `return_attention_scores`; `(outputs, new_cache)` or
+            `(outputs, scores, new_cache)` with a `cache`.
 
     Examples:
         >>> import numpy as np

@@ -19,29 +19,30 @@ class PositionEmbedding(keras.layers.Layer):
     trainable vector per position up to `max_length`.
 
     Args:
-        max_length: int. The number of positions `L` that have a vector.
-        initializer: str or initializer. Initializer of `E`. Defaults to
-            `"glorot_uniform"`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        max_length: The number of positions `L` that have a vector.
+        initializer (str | keras.initializers.Initializer): Initializer of `E`.
+            Defaults to `"glorot_uniform"`.
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        inputs: tensor `(B, T, D)`.
-        start_index: int or scalar int tensor. The position of the first
+    Other Parameters: Call arguments:
+        inputs (Tensor): Shape `(B, T, D)`.
+        start_index (int | Tensor): The position of the first
             step, for incremental decoding. Defaults to `0`;
             `start_index + T` must not exceed `max_length` (a
             `ValueError` when the index is known; one that is traced,
             inside a compiled function, or on an accelerator is clipped to
             `max_length - T`).
-        positions: int tensor `(B, T)`, optional. Explicit positions,
+        positions (Tensor | None): Shape `(B, T)`, integer. Explicit positions,
             instead of `start_index + t`.
-        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+        segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:
             positions restart at 0 where each sequence starts
             (`functional.segment_positions`). Positions must be below
             `max_length`.
 
     Returns:
-        `inputs + E[start_index : start_index + T]`, shape `(B, T, D)`.
-        The Keras mask of `inputs` is passed on.
+        Tensor: `inputs + E[start_index : start_index + T]`, shape
+            `(B, T, D)`. The Keras mask of `inputs` is passed on.
 
     Examples:
         >>> import numpy as np

@@ -25,23 +25,24 @@ class PositionalEncoding(keras.layers.Layer):
     length and is computed in float32, then cast to the input's dtype.
 
     Args:
-        max_wavelength: float. The longest wavelength `m`. Defaults to
+        max_wavelength: The longest wavelength `m`. Defaults to
             `10000.0`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        inputs: tensor `(B, T, D)`.
-        start_index: int or scalar int tensor. The position of the first
+    Other Parameters: Call arguments:
+        inputs (Tensor): Shape `(B, T, D)`.
+        start_index (int | Tensor): The position of the first
             step, for incremental decoding. Defaults to `0`.
-        positions: int tensor `(B, T)`, optional. Explicit positions,
+        positions (Tensor | None): Shape `(B, T)`, integer. Explicit positions,
             instead of `start_index + t`.
-        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+        segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:
             positions restart at 0 where each sequence starts
             (`functional.segment_positions`).
 
     Returns:
-        `inputs + PE[start_index : start_index + T]`, shape `(B, T, D)`.
-        The Keras mask of `inputs` is passed on.
+        Tensor: `inputs + PE[start_index : start_index + T]`, shape
+            `(B, T, D)`. The Keras mask of `inputs` is passed on.
 
     Examples:
         >>> import keras

@@ -29,22 +29,23 @@ class RotaryEmbedding(keras.layers.Layer):
     keras-hub. Used by the attention layers with `use_rotary=True`.
 
     Args:
-        max_wavelength: float. The longest wavelength `m`. Defaults to
+        max_wavelength: The longest wavelength `m`. Defaults to
             `10000.0`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        inputs: tensor `(B, T, H)` or `(B, T, N, H)` with even `H`.
-        start_index: int or scalar int tensor. The position of the first
+    Other Parameters: Call arguments:
+        inputs (Tensor): Shape `(B, T, H)` or `(B, T, N, H)` with even `H`.
+        start_index (int | Tensor): The position of the first
             step, for incremental decoding. Defaults to `0`.
-        positions: int tensor `(B, T)`, optional. Explicit positions,
+        positions (Tensor | None): Shape `(B, T)`, integer. Explicit positions,
             instead of `start_index + t`.
-        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
+        segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:
             positions restart at 0 where each sequence starts
             (`functional.segment_positions`).
 
     Returns:
-        The rotated tensor, same shape and dtype.
+        Tensor: The rotated tensor, same shape and dtype.
 
     Examples:
         >>> import numpy as np

@@ -35,65 +35,73 @@ class TransformerDecoderBlock(TransformerBlockBase):
     cache as well; outputs equal the full causal computation.
 
     Args:
-        num_heads: int. Number of attention heads N.
-        intermediate_dim: int. Hidden size of the feed-forward net.
-        key_dim: int. Head dim. Defaults to `D // num_heads`.
-        dropout: float. Dropout rate. Defaults to `0.0`.
-        activation: str or callable. Feed-forward activation. Defaults to
+        num_heads (int): Number of attention heads N.
+        intermediate_dim (int): Hidden size of the feed-forward net.
+        key_dim (int | None): Head dim. Defaults to `D // num_heads`.
+        dropout (float): Dropout rate. Defaults to `0.0`.
+        activation (str | Callable): Feed-forward activation. Defaults to
             `"relu"`.
-        layer_norm_epsilon: float. Defaults to `1e-5`.
-        normalize_first: bool. Pre-LN instead of post-LN. Defaults to
+        layer_norm_epsilon (float): Defaults to `1e-5`.
+        normalize_first (bool): Pre-LN instead of post-LN. Defaults to
             `False`.
-        num_key_value_heads: int. Key/value heads for grouped-query
+        num_key_value_heads (int | None): Key/value heads for grouped-query
             attention. Defaults to `num_heads`.
-        use_rotary: bool. Rotary position embedding in the self-attention.
+        use_rotary (bool): Rotary position embedding in the self-attention.
             Defaults to `False`.
-        kernel_initializer: str or initializer. Defaults to
+        kernel_initializer (str | keras.initializers.Initializer): Defaults to
             `"glorot_uniform"`.
-        bias_initializer: str or initializer. Defaults to `"zeros"`.
-        sliding_window: int or `(left, right)`, optional. Local
+        bias_initializer (str | keras.initializers.Initializer): Defaults to
+            `"zeros"`.
+        sliding_window (int | tuple[int, int] | None): Local
             self-attention (see `MultiHeadSelfAttention`): an int `w`
             lets each position see itself and the `w - 1` before it.
             Defaults to `None`.
-        alibi: bool. ALiBi position biases in the self-attention.
+        alibi (bool): ALiBi position biases in the self-attention.
             Defaults to `False`.
-        logit_soft_cap: float, optional. Soft cap of the self-attention
+        logit_soft_cap (float | None): Soft cap of the self-attention
             logits, `cap * tanh(logits / cap)`. Defaults to `None`.
-        use_qk_norm: bool. RMS-normalised queries and keys in the
+        use_qk_norm (bool): RMS-normalised queries and keys in the
             self- and cross-attention (see `MultiHeadSelfAttention`).
             Defaults to `False`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        inputs: tensor `(B, T, D)`, the target sequence.
-        encoder_outputs: tensor `(B, S, De)` or `None`.
-        padding_mask: boolean tensor `(B, T)` (`(B, S_max)` with a cache).
-            Defaults to the Keras mask of `inputs`.
-        encoder_padding_mask: boolean tensor `(B, S)`. Defaults to the
+    Other Parameters: Call arguments:
+        inputs (Tensor): Shape `(B, T, D)`, the target sequence.
+        encoder_outputs (Tensor | None): Shape `(B, S, De)`.
+        padding_mask (Tensor): Shape `(B, T)`, boolean (`(B, S_max)` with a
+            cache). Defaults to the Keras mask of `inputs`.
+        encoder_padding_mask (Tensor): Shape `(B, S)`, boolean. Defaults to the
             Keras mask of `encoder_outputs`.
-        attention_mask: boolean tensor `(B, T, T)` for the self-attention.
-        use_causal_mask: bool. Defaults to `True`.
-        cache: the dict of `init_cache`, or for a decoder-only block just
-            its self-attention cache tensor `(B, 2, S_max, K, H)`.
-        cache_index: int or scalar int tensor. Position of the first token
+        attention_mask (Tensor): Shape `(B, T, T)`, boolean for the
+            self-attention.
+        use_causal_mask (bool): Defaults to `True`.
+        cache (dict | Tensor | None): The dict of `init_cache`, or for a
+            decoder-only block just its self-attention cache tensor
+            `(B, 2, S_max, K, H)`.
+        cache_index (int | Tensor): Position of the first token
             of `inputs`.
-        return_attention_scores: bool. Also return the weights as a dict
+        return_attention_scores (bool): Also return the weights as a dict
             `{"self": (B, N, T, T), "cross": (B, N, T, S)}`.
-        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
-            self-attention stays within equal ids; id `0` is padding.
-            Not with a `cache`.
-        encoder_segment_ids: int tensor `(B, S)`, optional. With
+        segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:
+            self-attention stays within equal ids; id `0` is padding. Not with a
+            `cache`.
+        encoder_segment_ids (Tensor | None): Shape `(B, S)`, integer. With
             `segment_ids`, packed source sequences: each target token
             attends only to the source tokens of its own id (packed
             translation pairs). Without it the cross-attention sees the
             whole source row.
-        training: bool. Whether dropout is active.
-        mask, inputs_mask, encoder_outputs_mask: implicit Keras masks,
+        training (bool): Whether dropout is active.
+        mask (Tensor | None): Implicit Keras mask of `inputs`,
             filled in by Keras.
+        inputs_mask (Tensor | None): The same, under the name Keras also
+            uses.
+        encoder_outputs_mask (Tensor | None): Implicit Keras mask of
+            `encoder_outputs`, filled in by Keras.
 
     Returns:
-        `outputs` `(B, T, D)`, followed by the scores dict if asked and the
-        updated cache if one was given.
+        Tensor | tuple: `outputs` `(B, T, D)`, followed by the scores dict if
+            asked and the updated cache if one was given.
 
     Examples:
         >>> import numpy as np
@@ -299,17 +307,18 @@ class TransformerDecoderBlock(TransformerBlockBase):
         constant memory, with outputs equal to the full computation.
 
         Args:
-            batch_size: int. B.
-            max_length: int. S_max, the number of positions to decode.
-            encoder_outputs: tensor `(B, S, De)`, required when the block
-                has cross-attention: its keys and values are projected here,
-                once.
-            dtype: dtype of the cache. Defaults to the compute dtype.
+            batch_size: B.
+            max_length: S_max, the number of positions to decode.
+            encoder_outputs (Tensor): Shape `(B, S, De)`, required when the
+                block has cross-attention: its keys and values are projected
+                here, once.
+            dtype (str | DType | None): Dtype of the cache. Defaults to the
+                compute dtype.
 
         Returns:
-            `{"self": zeros (B, 2, S_max, K, H)}` (`S_max` the window's
-            length when that is shorter) plus, with cross-attention,
-            `"cross": (B, 2, S, K, H)`.
+            dict: `{"self": zeros (B, 2, S_max, K, H)}` (`S_max` the
+                window's length when that is shorter) plus, with
+                cross-attention, `"cross": (B, 2, S, K, H)`.
         """
         attention = self.self_attention
         if not attention.built:

@@ -25,50 +25,55 @@ class TransformerEncoderBlock(TransformerBlockBase):
     weights and on both residual branches.
 
     Args:
-        num_heads: int. Number of attention heads N.
-        intermediate_dim: int. Hidden size of the feed-forward net.
-        key_dim: int. Head dim. Defaults to `D // num_heads`.
-        dropout: float. Dropout rate. Defaults to `0.0`.
-        activation: str or callable. Feed-forward activation. Defaults to
+        num_heads (int): Number of attention heads N.
+        intermediate_dim (int): Hidden size of the feed-forward net.
+        key_dim (int | None): Head dim. Defaults to `D // num_heads`.
+        dropout (float): Dropout rate. Defaults to `0.0`.
+        activation (str | Callable): Feed-forward activation. Defaults to
             `"relu"`.
-        layer_norm_epsilon: float. Defaults to `1e-5`.
-        normalize_first: bool. Pre-LN instead of post-LN. Defaults to
+        layer_norm_epsilon (float): Defaults to `1e-5`.
+        normalize_first (bool): Pre-LN instead of post-LN. Defaults to
             `False`.
-        num_key_value_heads: int. Key/value heads for grouped-query
+        num_key_value_heads (int | None): Key/value heads for grouped-query
             attention. Defaults to `num_heads`.
-        use_rotary: bool. Rotary position embedding in the attention.
+        use_rotary (bool): Rotary position embedding in the attention.
             Defaults to `False`.
-        kernel_initializer: str or initializer. Defaults to
+        kernel_initializer (str | keras.initializers.Initializer): Defaults to
             `"glorot_uniform"`.
-        bias_initializer: str or initializer. Defaults to `"zeros"`.
-        sliding_window: int or `(left, right)`, optional. Local
+        bias_initializer (str | keras.initializers.Initializer): Defaults to
+            `"zeros"`.
+        sliding_window (int | tuple[int, int] | None): Local
             self-attention (see `MultiHeadSelfAttention`): an int `w`
             lets each position see itself and the `w - 1` before it.
             Defaults to `None`.
-        alibi: bool. ALiBi position biases in the self-attention.
+        alibi (bool): ALiBi position biases in the self-attention.
             Defaults to `False`.
-        logit_soft_cap: float, optional. Soft cap of the self-attention
+        logit_soft_cap (float | None): Soft cap of the self-attention
             logits, `cap * tanh(logits / cap)`. Defaults to `None`.
-        use_qk_norm: bool. RMS-normalised queries and keys in the
+        use_qk_norm (bool): RMS-normalised queries and keys in the
             self-attention (see `MultiHeadSelfAttention`). Defaults to
             `False`.
-        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+        **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
+            ...).
 
-    Call arguments:
-        inputs: tensor `(B, T, D)`.
-        padding_mask: boolean tensor `(B, T)`, `True` for real tokens.
+    Other Parameters: Call arguments:
+        inputs (Tensor): Shape `(B, T, D)`.
+        padding_mask (Tensor): Shape `(B, T)`, boolean, `True` for real tokens.
             Defaults to the Keras mask of `inputs`.
-        attention_mask: boolean tensor `(B, T, T)`, `True` = attend.
-        return_attention_scores: bool. Also return the weights
+        attention_mask (Tensor): Shape `(B, T, T)`, boolean, `True` = attend.
+        return_attention_scores (bool): Also return the weights
             `(B, N, T, T)`.
-        segment_ids: int tensor `(B, T)`, optional. Packed sequences:
-            self-attention stays within equal ids; id `0` is padding.
-            Not with a `cache`.
-        training: bool. Whether dropout is active.
-        mask, inputs_mask: the implicit Keras mask, filled in by Keras.
+        segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:
+            self-attention stays within equal ids; id `0` is padding. Not with a
+            `cache`.
+        training (bool): Whether dropout is active.
+        mask (Tensor | None): The implicit Keras mask, filled in by Keras.
+        inputs_mask (Tensor | None): The same, under the name Keras also
+            uses.
 
     Returns:
-        `(B, T, D)`, or `(outputs, scores)`.
+        Tensor | tuple[Tensor, Tensor]: The outputs `(B, T, D)`, or
+            `(outputs, scores)`.
 
     Examples:
         >>> import numpy as np
