@@ -398,7 +398,9 @@ class TransformerTranslator(TranslatorBase):
         return target_tokens, weights[-1]
 
     def plot(self, source, path, translation=None):
-        """One heatmap per decoder block of the cross-attention."""
+        """One heatmap file per decoder block of the cross-attention,
+        `{path stem}_block{i}.png`, each sized to stay legible at page
+        width; returns their paths."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -408,30 +410,18 @@ class TransformerTranslator(TranslatorBase):
 
         target_tokens, weights = self.cross_attention(source, translation)
         source_tokens = self.source_vocab.split(source)
-        figure, axes = plt.subplots(
-            1,
-            len(weights),
-            figsize=(
-                len(weights) * max(3.0, 0.3 * len(source_tokens) + 1.5),
-                max(3.0, 0.3 * len(target_tokens) + 1.5),
-            ),
-            squeeze=False,
-        )
-        for i, (ax, layer_weights) in enumerate(
-            zip(axes[0], weights, strict=True)
-        ):
-            plot_attention(
+        joiner = "" if self.target_vocab.tokenizer == "char" else " "
+        translated = joiner.join(target_tokens[:-1])
+        paths = []
+        for i, layer_weights in enumerate(weights):
+            figure = plot_attention(
                 layer_weights[: len(target_tokens), : len(source_tokens)],
                 source_tokens,
                 target_tokens,
-                ax=ax,
-                title=f"decoder block {i}",
+                title=f"{source} -> {translated}\n"
+                f"decoder block {i} (cross-attention, mean over heads)",
             )
-        joiner = "" if self.target_vocab.tokenizer == "char" else " "
-        figure.suptitle(
-            f"{source} -> {joiner.join(target_tokens[:-1])} "
-            "(cross-attention, mean over heads)"
-        )
-        figure.tight_layout()
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
+            paths.append(path.with_name(f"{path.stem}_block{i}{path.suffix}"))
+            figure.savefig(paths[-1], dpi=110)
+            plt.close(figure)
+        return paths

@@ -172,9 +172,10 @@ def main(argv=None):
     for i, ((source, _), hypothesis) in enumerate(
         zip(corpus.test[: args.plots], greedy, strict=False)
     ):
-        path = output / f"cross_attention_{i}.png"
-        translator.plot(source, path, translation=hypothesis)
-        print(f"  cross-attention plot: {path}")
+        paths = translator.plot(
+            source, output / f"cross_attention_{i}.png", hypothesis
+        )
+        print(f"  cross-attention plots: {', '.join(map(str, paths))}")
 
     model_path = output / "model.keras"
     model.save(model_path)

@@ -64,23 +64,34 @@ def plot_attention(
                 f"weights.shape={weights.shape}. "
                 f"Received: len({name})={len(tokens)}"
             )
+    given_ax = ax is not None
     if ax is None:
+        # Inches per token: roomy for short sequences, and long ones still
+        # fit a page (about 10 x 13 inches) rather than growing with T, S.
+        cell = min(0.45, 8.5 / cols, 12.0 / rows)
         figure, ax = plt.subplots(
-            figsize=(max(3.0, 0.45 * cols + 1.5), max(2.5, 0.45 * rows + 1.2))
+            figsize=(max(3.0, cell * cols + 1.5), max(2.5, cell * rows + 1.2))
         )
     else:
         figure = ax.figure
+        box = ax.get_position()  # in figure fractions
+        width, height = figure.get_size_inches()
+        cell = min(box.width * width / cols, box.height * height / rows)
+    # Labels as large as their cells allow: 10 points at most, 5 at least.
+    label_size = min(10.0, max(5.0, 0.75 * 72 * cell))
     image = ax.imshow(weights, cmap="viridis", vmin=0.0, aspect="auto")
     figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     if source_tokens is not None:
-        ax.set_xticks(range(cols), source_tokens, rotation=60, ha="right")
+        ax.set_xticks(range(cols), source_tokens, rotation=60, ha="right",
+                      fontsize=label_size)  # fmt: skip
     if target_tokens is not None:
-        ax.set_yticks(range(rows), target_tokens)
+        ax.set_yticks(range(rows), target_tokens, fontsize=label_size)
     ax.set_xlabel("source")
     ax.set_ylabel("target")
     if title:
         ax.set_title(title)
-    figure.tight_layout()
+    if not given_ax:  # a caller's figure keeps the caller's layout
+        figure.tight_layout()
     return figure
 
 

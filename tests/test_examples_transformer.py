@@ -58,8 +58,8 @@ def test_transformer_nmt_smoke(tmp_path):
     assert result["reloaded_identical"] is True
     assert "(identical to the trained model, greedy and beam" in out
     folder = tmp_path / "transformer-dates-learned"
-    plots = sorted(folder.glob("cross_attention_*.png"))
-    assert len(plots) == 2
+    plots = sorted(folder.glob("cross_attention_*_block*.png"))
+    assert len(plots) == 2  # 2 sentences, 1 decoder block each
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in plots)
     assert (folder / "model.keras").stat().st_size > 0
     assert json.loads((folder / "results.json").read_text()) == result

@@ -25,6 +25,37 @@ def test_plot_attention_writes_a_png(tmp_path):
     assert path.stat().st_size > 2000
 
 
+@pytest.mark.parametrize(
+    "rows, cols, size, label_points",
+    [
+        # Short: 0.45-inch cells (the figure's floor), 10-point labels.
+        (2, 3, (3.0, 2.5), 10.0),
+        # Width-bound: 8.5 / 45 inches a cell, labels still 10 points.
+        (58, 45, (10.0, 58 * 8.5 / 45 + 1.2), 10.0),
+        # 8.5 / 80 inches a cell: labels of 0.75 of a cell's 72 x 0.106 pt.
+        (90, 80, (10.0, 90 * 8.5 / 80 + 1.2), 0.75 * 72 * 8.5 / 80),
+        # Height-bound: 12 / 300 inches a cell; labels at their 5-point floor.
+        (300, 200, (200 * 0.04 + 1.5, 13.2), 5.0),
+    ],
+)
+def test_long_alignments_fit_a_page_with_readable_labels(
+    rows, cols, size, label_points
+):
+    """Cells shrink so that a long pair fits about 10 x 13 inches; the
+    labels shrink with them, never under 5 points."""
+    import matplotlib.pyplot as plt
+
+    weights = np.full((rows, cols), 1.0 / cols)
+    figure = plot_attention(
+        weights, [f"s{j}" for j in range(cols)], [f"t{i}" for i in range(rows)]
+    )
+    np.testing.assert_allclose(figure.get_size_inches(), size)
+    axes = figure.axes[0]
+    for label in (*axes.get_xticklabels(), *axes.get_yticklabels()):
+        assert label.get_fontsize() == pytest.approx(label_points)
+    plt.close(figure)
+
+
 def test_plot_into_existing_axes_and_backend_tensors():
     import keras
     import matplotlib.pyplot as plt
