@@ -64,7 +64,6 @@ def plot_attention(
                 f"weights.shape={weights.shape}. "
                 f"Received: len({name})={len(tokens)}"
             )
-    given_ax = ax is not None
     if ax is None:
         # Inches per token: roomy for short sequences, and long ones still
         # fit a page (about 10 x 13 inches) rather than growing with T, S.
@@ -90,8 +89,7 @@ def plot_attention(
     ax.set_ylabel("target")
     if title:
         ax.set_title(title)
-    if not given_ax:  # a caller's figure keeps the caller's layout
-        figure.tight_layout()
+    figure.tight_layout()
     return figure
 
 

@@ -28,6 +28,9 @@ N query heads, K key/value heads, G = N // K queries per key/value head,
 H head dim, V value head dim, P = B x K.
 """
 
+from typing import Any
+from typing import NamedTuple
+
 import keras
 import numpy as np
 from keras import ops
@@ -86,7 +89,7 @@ class _Plan:
         # Below every real logit, and safe to subtract from in float32.
         self.negative = -1e30
         segments = self._blocked_segments(structure)
-        self.tensors = (
+        self.tensors = _Tensors(
             None if mask is None else self._blocked_mask(mask),
             *segments,
             *self._segment_reach(*segments),
@@ -116,9 +119,8 @@ class _Plan:
             last = i * c + c - 1 + band.offset + band.right
             end = _clip(_floor_divide(last, c) + 1, 0, self.key_blocks)
         if band.has_segments:
-            starts, ends = tensors[3:5]
-            start = ops.maximum(start, ops.take(starts, i))
-            end = ops.minimum(end, ops.take(ends, i))
+            start = ops.maximum(start, ops.take(tensors.key_starts, i))
+            end = ops.minimum(end, ops.take(tensors.key_ends, i))
         return start, end
 
     def query_range(self, j, tensors):
@@ -134,9 +136,8 @@ class _Plan:
             last = j * c + c - 1 + band.left - band.offset
             end = _clip(_floor_divide(last, c) + 1, 0, self.query_blocks)
         if band.has_segments:
-            starts, ends = tensors[5:7]
-            start = ops.maximum(start, ops.take(starts, j))
-            end = ops.minimum(end, ops.take(ends, j))
+            start = ops.maximum(start, ops.take(tensors.query_starts, j))
+            end = ops.minimum(end, ops.take(tensors.query_ends, j))
         return start, end
 
     def _segment_reach(self, query_ids, key_ids):
@@ -194,6 +195,20 @@ class _Plan:
 
     def _pad(self, length):
         return -length % self.block
+
+
+class _Tensors(NamedTuple):
+    """The plan's tensors, each `None` when the call has no such thing:
+    the blocked mask, the blocked segment ids, and the block ranges the
+    ids leave (see `_Plan._segment_reach`)."""
+
+    mask: Any
+    query_ids: Any
+    key_ids: Any
+    key_starts: Any
+    key_ends: Any
+    query_starts: Any
+    query_ends: Any
 
 
 def _id_span(ids, block):
@@ -551,7 +566,7 @@ def _hide(plan, tensors, i, j, logits, edge):
     """`logits` `(P, G*C, C)` of block pair `(i, j)` with every hidden
     position set to a large negative number."""
     c = plan.block
-    mask, query_ids, key_ids = tensors[:3]
+    mask, query_ids, key_ids = tensors.mask, tensors.query_ids, tensors.key_ids
     visible = None
     if mask is not None:
         b, k, g, rows, _ = ops.shape(mask)  # a batch may be unknown
