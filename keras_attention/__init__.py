@@ -19,7 +19,11 @@ from keras_attention.layers import AttentionDecoder as AttentionDecoder
 from keras_attention.layers import AttentionMechanism as AttentionMechanism
 from keras_attention.layers import BahdanauAttention as BahdanauAttention
 from keras_attention.layers import CrossAttention as CrossAttention
+from keras_attention.layers import (
+    LocationSensitiveAttention as LocationSensitiveAttention,
+)
 from keras_attention.layers import LuongAttention as LuongAttention
+from keras_attention.layers import MonotonicAttention as MonotonicAttention
 from keras_attention.layers import (
     MultiHeadSelfAttention as MultiHeadSelfAttention,
 )
@@ -39,7 +43,9 @@ __all__ = [
     "AttentionMechanism",
     "BahdanauAttention",
     "CrossAttention",
+    "LocationSensitiveAttention",
     "LuongAttention",
+    "MonotonicAttention",
     "MultiHeadSelfAttention",
     "PositionEmbedding",
     "PositionalEncoding",

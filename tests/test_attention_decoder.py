@@ -365,14 +365,19 @@ def test_each_step_uses_its_own_dropout_mask(attention):
     outputs = layer(targets, encoded, mask, training=True)
     seed.assign(start)
     keras.utils.set_random_seed(11)
-    masks = layer.attention._draw_dropout_mask((T, B, S))  # (T, B, S)
+    masks = layer.attention._draw_loop_noise((T, B, S))["dropout_mask"]
     kept = to_numpy(masks)
     assert set(np.unique(kept)) == {0.0, 2.0}
     assert not np.array_equal(kept[0], kept[1])
     state = layer.get_initial_state(encoded, mask)
     for t in range(T):
         out, state, _ = layer._step(
-            targets[:, t], state, encoded, mask, True, masks[t]
+            targets[:, t],
+            state,
+            encoded,
+            mask,
+            True,
+            {"dropout_mask": masks[t]},
         )
         np.testing.assert_allclose(
             to_numpy(out), to_numpy(outputs[:, t]), atol=1e-5

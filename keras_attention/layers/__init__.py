@@ -12,8 +12,14 @@ from keras_attention.layers.bahdanau_attention import (
 from keras_attention.layers.cross_attention import (
     CrossAttention as CrossAttention,
 )
+from keras_attention.layers.location_sensitive_attention import (
+    LocationSensitiveAttention as LocationSensitiveAttention,
+)
 from keras_attention.layers.luong_attention import (
     LuongAttention as LuongAttention,
+)
+from keras_attention.layers.monotonic_attention import (
+    MonotonicAttention as MonotonicAttention,
 )
 from keras_attention.layers.multi_head_self_attention import (
     MultiHeadSelfAttention as MultiHeadSelfAttention,

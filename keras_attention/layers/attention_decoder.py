@@ -234,11 +234,9 @@ class AttentionDecoder(keras.layers.Layer):
             # Drawn here, not in the loop: a seed drawn inside the scan
             # would leave the trace on JAX.
             length = ops.shape(inputs)[1]
-            dropout_mask = self.attention._draw_dropout_mask(
+            steps["noise"] = self.attention._draw_loop_noise(
                 (length, batch, source_length)
-            )  # (T, B, S)
-            if dropout_mask is not None:
-                steps["dropout_mask"] = dropout_mask
+            )  # dropout masks, score noise: (T, B, S) each
 
         def scan_step(carry, step_inputs):
             state = {k: carry[k] for k in state_keys}
@@ -248,7 +246,7 @@ class AttentionDecoder(keras.layers.Layer):
                 encoder_outputs,
                 encoder_padding_mask,
                 training=training,
-                dropout_mask=step_inputs.get("dropout_mask"),
+                loop_noise=step_inputs.get("noise"),
             )
             new_state.pop("keys")
             carry = {**new_state, "output": output, "alignment": alignment}
@@ -330,8 +328,10 @@ class AttentionDecoder(keras.layers.Layer):
 
         Returns:
             dict: Batch-major tensors: `"cell"` (the list of cell states),
-                `"keys"` (projected keys `(B, S, U)`) and, for the Luong flow
-                with input feeding, `"feed"` (`s̃`, `(B, A)`).
+                `"keys"` (projected keys `(B, S, U)`), for the Luong flow
+                with input feeding `"feed"` (`s̃`, `(B, A)`), and for
+                attention with memory `"attention"` (its state, a dict of
+                `(B, S)` tensors such as the previous alignment).
         """
         batch = ops.shape(encoder_outputs)[0]
         if initial_state is None:
@@ -360,6 +360,11 @@ class AttentionDecoder(keras.layers.Layer):
             state["feed"] = ops.zeros(
                 (batch, self._feed_dim), dtype=self.compute_dtype
             )
+        attention_state = self.attention.get_initial_attention_state(
+            encoder_outputs, encoder_padding_mask
+        )
+        if attention_state:
+            state["attention"] = attention_state
         return state
 
     def step(
@@ -396,11 +401,13 @@ class AttentionDecoder(keras.layers.Layer):
         encoder_outputs,
         encoder_padding_mask,
         training,
-        dropout_mask=None,
+        loop_noise=None,
     ):
-        """`step`, with the attention's dropout mask `(B, S)` when the
-        caller drew it (the teacher-forced loop)."""
+        """`step`, with the attention's randomness (dropout mask, score
+        noise: `(B, S)` each) when the caller drew it (the teacher-forced
+        loop)."""
         cell_state, keys = state["cell"], state["keys"]
+        attention_state = state.get("attention")
         if self.flow == "bahdanau":
             context, alignment = self._attend(
                 cell_state[0],
@@ -408,7 +415,8 @@ class AttentionDecoder(keras.layers.Layer):
                 keys,
                 encoder_padding_mask,
                 training,
-                dropout_mask,
+                attention_state,
+                loop_noise,
             )
             cell_input = ops.concatenate(
                 [inputs_t, ops.cast(context, inputs_t.dtype)], axis=-1
@@ -417,6 +425,7 @@ class AttentionDecoder(keras.layers.Layer):
                 self.cell, cell_input, cell_state, training=training
             )
             new_state = {"cell": _as_list(new_cell), "keys": keys}
+            self._update_attention_state(new_state, attention_state, alignment)
             return output, new_state, alignment
         cell_input = inputs_t
         if self.input_feeding:
@@ -432,7 +441,8 @@ class AttentionDecoder(keras.layers.Layer):
             keys,
             encoder_padding_mask,
             training,
-            dropout_mask,
+            attention_state,
+            loop_noise,
         )
         output = invoke(
             self.attention_projection,
@@ -441,6 +451,7 @@ class AttentionDecoder(keras.layers.Layer):
         new_state = {"cell": _as_list(new_cell), "keys": keys}
         if self.input_feeding:
             new_state["feed"] = output
+        self._update_attention_state(new_state, attention_state, alignment)
         return output, new_state, alignment
 
     def _attend(
@@ -450,8 +461,10 @@ class AttentionDecoder(keras.layers.Layer):
         keys,
         encoder_padding_mask,
         training,
-        dropout_mask,
+        attention_state,
+        loop_noise,
     ):
+        loop_noise = loop_noise or {}
         return self.attention.attend(
             query,
             encoder_outputs,
@@ -459,8 +472,16 @@ class AttentionDecoder(keras.layers.Layer):
             value_mask=encoder_padding_mask,
             return_attention_scores=True,
             training=training,
-            dropout_mask=dropout_mask,
+            dropout_mask=loop_noise.get("dropout_mask"),
+            attention_state=attention_state,
+            score_noise=loop_noise.get("score_noise"),
         )
+
+    def _update_attention_state(self, new_state, attention_state, alignment):
+        if attention_state is not None:
+            new_state["attention"] = self.attention.next_attention_state(
+                attention_state, alignment
+            )
 
     def _where(self):
         return f"AttentionDecoder (layer '{self.name}')"

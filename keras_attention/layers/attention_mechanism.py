@@ -30,6 +30,13 @@ class AttentionMechanism(keras.layers.Layer):
     `project_keys` (computed once per source sequence, then reused at every
     decoding step through `attend`), and implement `_score`.
 
+    Attention with memory (location-sensitive, monotonic) also reads the
+    previous alignment: such a mechanism names its state tensors, each
+    `(B, S)`, in `attention_state_names`, says how they start in
+    `get_initial_attention_state` and how a step's weights update them in
+    `next_attention_state`; `AttentionDecoder` carries them from step to
+    step. A content-only mechanism has no state and pays nothing.
+
     Args:
         dropout: Dropout rate on the attention weights during
             training. Defaults to `0.0`.
@@ -49,6 +56,10 @@ class AttentionMechanism(keras.layers.Layer):
             `Embedding(mask_zero=True)`), if any.
         return_attention_scores (bool): Also return the weights.
         training (bool): Whether dropout is active.
+        attention_state (dict | None): For a mechanism with memory, its
+            state before the first query (see `get_initial_attention_state`).
+            With `(B, T, Dq)` queries the T steps run in order, each reading
+            the alignment of the one before. Defaults to the initial state.
 
     Returns:
         Tensor | tuple[Tensor, Tensor]: The context `(B, Dv)` or
@@ -57,6 +68,10 @@ class AttentionMechanism(keras.layers.Layer):
             positions masked out get weight 0; a query with no visible source
             gets an all-zero context.
     """
+
+    # Names of the `(B, S)` tensors a mechanism with memory carries from
+    # one step to the next; empty for content-only attention.
+    attention_state_names: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -92,15 +107,25 @@ class AttentionMechanism(keras.layers.Layer):
         value_mask=None,
         return_attention_scores: bool = False,
         training=None,
+        attention_state=None,
     ):
         key = value if key is None else key
+        keys = self.project_keys(key)
+        if self.attention_state_names and len(query.shape) == 3:
+            context, weights = self._attend_in_order(
+                query, value, keys, value_mask, attention_state, training
+            )
+            if return_attention_scores:
+                return context, weights
+            return context
         return self.attend(
             query,
             value,
-            self.project_keys(key),
+            keys,
             value_mask=value_mask,
             return_attention_scores=return_attention_scores,
             training=training,
+            attention_state=attention_state,
         )
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
@@ -114,10 +139,12 @@ class AttentionMechanism(keras.layers.Layer):
         value_mask=None,
         return_attention_scores=False,
         training=None,
+        attention_state=None,
     ):
         key = value if key is None else key
         self._check_shapes(query.shape, value.shape, key.shape)
         self._check_mask(value_mask, value.shape)
+        self._check_attention_state(attention_state, value.shape)
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape),
             dtype=self.compute_dtype,
@@ -157,6 +184,33 @@ class AttentionMechanism(keras.layers.Layer):
         """
         return key
 
+    def get_initial_attention_state(self, value, value_mask=None) -> dict:
+        """The state of a mechanism with memory before the first step.
+
+        Args:
+            value (Tensor): Shape `(B, S, Dv)`, the encoder states.
+            value_mask (Tensor | None): Shape `(B, S)`, boolean.
+
+        Returns:
+            dict: One `(B, S)` float tensor per name in
+                `attention_state_names` (float32 under mixed precision);
+                empty for content-only attention.
+        """
+        return {}
+
+    def next_attention_state(self, attention_state, weights) -> dict:
+        """The state after a step whose alignment is `weights`.
+
+        Args:
+            attention_state (dict): The state the step read.
+            weights (Tensor): Shape `(B, S)`, the step's alignment (before
+                dropout).
+
+        Returns:
+            dict: The state the next step reads.
+        """
+        return {}
+
     def attend(
         self,
         query,
@@ -166,6 +220,8 @@ class AttentionMechanism(keras.layers.Layer):
         return_attention_scores: bool = False,
         training=None,
         dropout_mask=None,
+        attention_state=None,
+        score_noise=None,
     ):
         """Attention with keys already passed through `project_keys`.
 
@@ -184,28 +240,50 @@ class AttentionMechanism(keras.layers.Layer):
                 masks before the loop and passes one per step (as Keras's RNN
                 layers do): a seed drawn inside the loop body would escape JAX's
                 trace. Defaults to `None`: the layer's dropout, in training.
+            attention_state (dict | None): For a mechanism with memory and a
+                `(B, Dq)` query, the state of `get_initial_attention_state`
+                or `next_attention_state`. Defaults to the initial state.
+            score_noise (Tensor | None): Noise drawn before a compiled loop
+                for a mechanism with noisy scores in training, the shape of
+                the weights; `None` draws its own.
 
         Returns:
             Tensor | tuple[Tensor, Tensor]: As the layer's call.
         """
         self._check_mask(value_mask, value.shape)
         single_step = len(query.shape) == 2
+        weights_shape = (*query.shape[:-1], value.shape[1])
         checks.check_shape(
-            self._where(),
-            "dropout_mask",
-            dropout_mask,
-            (*query.shape[:-1], value.shape[1]),
+            self._where(), "dropout_mask", dropout_mask, weights_shape
         )
+        if self.attention_state_names:
+            if not single_step:
+                raise ValueError(
+                    f"{self._where()}: `attend` takes one `(B, Dq)` query "
+                    "at a time for attention that reads its previous "
+                    "alignment; call the layer for `(B, T, Dq)` queries. "
+                    f"Received: query.shape={tuple(query.shape)}"
+                )
+            if attention_state is None:
+                attention_state = self.get_initial_attention_state(
+                    value, value_mask
+                )
+            self._check_attention_state(attention_state, value.shape)
         if single_step:
             query = ops.expand_dims(query, 1)  # (B, 1, Dq)
             if dropout_mask is not None:
                 dropout_mask = ops.expand_dims(dropout_mask, 1)  # (B, 1, S)
-        scores = self._score(query, projected_keys)  # (B, T, S)
+            if score_noise is not None:
+                score_noise = ops.expand_dims(score_noise, 1)  # (B, 1, S)
+        scores = self._scores(
+            query, projected_keys, attention_state, training, score_noise
+        )  # (B, T, S)
         scores = ops.cast(scores, functional.logits_dtype(value.dtype))
         mask = None
         if value_mask is not None:
             mask = ops.expand_dims(ops.cast(value_mask, "bool"), 1)  # (B,1,S)
-        weights = ops.cast(functional.masked_softmax(scores, mask), value.dtype)
+        weights = self._normalize(scores, mask, attention_state, training)
+        weights = ops.cast(weights, value.dtype)  # (B, T, S)
         if dropout_mask is None:
             dropped = invoke(self._dropout_layer, weights, training=training)
         else:
@@ -218,16 +296,92 @@ class AttentionMechanism(keras.layers.Layer):
             return context, weights
         return context
 
-    def _draw_dropout_mask(self, shape):
-        """A keep-mask of `shape` scaled by `1 / (1 - dropout)`, drawn from
-        the seed generator of the layer's dropout; `None` without dropout.
+    def _draw_loop_noise(self, shape) -> dict:
+        """The randomness of a training loop, drawn before it: `attend`'s
+        `dropout_mask` (a keep-mask of `shape` scaled by `1 / (1 -
+        dropout)`, from the seed generator of the layer's dropout) when
+        there is dropout; subclasses with noisy scores add `score_noise`.
         """
         if not self.dropout:
-            return None
+            return {}
         ones = ops.ones(shape, dtype=self.compute_dtype)
-        return keras.random.dropout(
-            ones, self.dropout, seed=self._dropout_layer.seed_generator
-        )
+        return {
+            "dropout_mask": keras.random.dropout(
+                ones, self.dropout, seed=self._dropout_layer.seed_generator
+            )
+        }
+
+    def _attend_in_order(
+        self, query, value, keys, value_mask, attention_state, training
+    ):
+        """`(B, T, Dq)` queries of a mechanism with memory, one step after
+        the other in a compiled loop: `(B, T, Dv)` contexts and `(B, T, S)`
+        weights."""
+        if attention_state is None:
+            attention_state = self.get_initial_attention_state(
+                value, value_mask
+            )
+        self._check_attention_state(attention_state, value.shape)
+        batch, length = ops.shape(query)[0], ops.shape(query)[1]
+        source_length = ops.shape(value)[1]
+        steps = {"query": ops.transpose(query, (1, 0, 2))}  # (T, B, Dq)
+        if training:
+            # Drawn before the loop: a seed drawn inside would escape JAX's
+            # trace.
+            steps.update(
+                self._draw_loop_noise((length, batch, source_length))
+            )  # (T, B, S) each
+        init = {
+            "state": dict(attention_state),
+            "context": ops.zeros(
+                (batch, value.shape[-1]), dtype=self.compute_dtype
+            ),
+            "weights": ops.zeros((batch, source_length), self.compute_dtype),
+        }
+
+        def step(carry, inputs):
+            context, weights = self.attend(
+                inputs["query"],
+                value,
+                keys,
+                value_mask=value_mask,
+                return_attention_scores=True,
+                training=training,
+                dropout_mask=inputs.get("dropout_mask"),
+                attention_state=carry["state"],
+                score_noise=inputs.get("score_noise"),
+            )
+            carry = {
+                "state": self.next_attention_state(carry["state"], weights),
+                "context": context,
+                "weights": weights,
+            }
+            # Keras's TensorFlow scan stacks the carry (outputs must be
+            # shaped as it) and keeps its dtypes.
+            carry = keras.tree.map_structure(
+                lambda new, old: ops.cast(new, old.dtype), carry, init
+            )
+            return carry, carry
+
+        _, stacked = ops.scan(step, init, steps)
+        context = ops.transpose(stacked["context"], (1, 0, 2))  # (B, T, Dv)
+        weights = ops.transpose(stacked["weights"], (1, 0, 2))  # (B, T, S)
+        return context, weights
+
+    def _scores(self, query, projected_keys, attention_state, training, noise):
+        """The scores `(B, T, S)` of a step; a mechanism with memory or
+        noisy scores overrides this, content-only ones implement
+        `_score`."""
+        return self._score(query, projected_keys)
+
+    def _normalize(self, scores, mask, attention_state, training):
+        """Scores `(B, T, S)` to weights: the masked softmax."""
+        return functional.masked_softmax(scores, mask)
+
+    def _state_dtype(self):
+        """Alignment states are summed over many steps: never in half
+        precision."""
+        return functional.logits_dtype(self.compute_dtype)
 
     def _build_score(self, query_dim, key_dim):
         """Creates the scoring weights; subclasses override."""
@@ -269,3 +423,29 @@ class AttentionMechanism(keras.layers.Layer):
         checks.check_mask(
             self._where(), "value_mask", value_mask, tuple(value_shape[:2])
         )
+
+    def _check_attention_state(self, attention_state, value_shape):
+        if attention_state is None:
+            return
+        names = self.attention_state_names
+        if not isinstance(attention_state, dict) or set(attention_state) != set(
+            names
+        ):
+            received = (
+                sorted(attention_state)
+                if isinstance(attention_state, dict)
+                else type(attention_state).__name__
+            )
+            raise ValueError(
+                f"{self._where()}: `attention_state` must be a dict with the "
+                f"keys {list(names)}"
+                + (" (this attention has no state)" if not names else "")
+                + f". Received: attention_state keys {received}"
+            )
+        for name in names:
+            checks.check_shape(
+                self._where(),
+                f"attention_state['{name}']",
+                attention_state[name],
+                tuple(value_shape[:2]),
+            )
