@@ -89,6 +89,27 @@ def _rnn_steps(layer, targets, encoded, masks):
     return ops.stack(outputs, axis=1)
 
 
+def _mechanism_steps(layer, query, value, key, masks):
+    """A mechanism with memory, one `attend` per query."""
+    mask = masks.get("value_mask")
+    keys = layer.project_keys(key)
+    state = layer.get_initial_attention_state(value, mask)
+    contexts = []
+    for t in range(T):
+        context, weights = layer.attend(
+            query[:, t],
+            value,
+            keys,
+            value_mask=mask,
+            return_attention_scores=True,
+            training=True,
+            attention_state=state,
+        )
+        state = layer.next_attention_state(state, weights)
+        contexts.append(context)
+    return ops.stack(contexts, axis=1)  # (B, T, Dv)
+
+
 def _mhsa(**kwargs):
     return lambda dtype: ka.MultiHeadSelfAttention(dtype=dtype, **kwargs)
 
@@ -314,6 +335,34 @@ for _name, _make, _shape in (
         lambda d: ka.LuongAttention("concat", units=5, dtype=d),
         2,
     ),
+    # Attention with memory: T queries run in order, each reading the
+    # alignment of the one before; the steps path loops over `attend`.
+    (
+        "LocationSensitiveAttention cumulative",
+        lambda d: ka.LocationSensitiveAttention(5, 3, 3, dtype=d),
+        3,
+    ),
+    (
+        "LocationSensitiveAttention smoothing",
+        lambda d: ka.LocationSensitiveAttention(
+            5, 2, 1, cumulative=False, smoothing=True, dtype=d
+        ),
+        2,
+    ),
+    (
+        "MonotonicAttention parallel normalize",
+        lambda d: ka.MonotonicAttention(
+            5, score_bias_init=-0.5, normalize=True, dtype=d
+        ),
+        3,
+    ),
+    (
+        "MonotonicAttention recursive luong",
+        lambda d: ka.MonotonicAttention(
+            score="luong", mode="recursive", scale=True, dtype=d
+        ),
+        3,
+    ),
 ):
     LAYER_CASES[_name] = dict(
         make=_make,
@@ -324,9 +373,17 @@ for _name, _make, _shape in (
         ),
         kernels=False,
     )
+    if _name.startswith(("Location", "Monotonic")) and _shape == 3:
+        LAYER_CASES[_name]["steps"] = _mechanism_steps
 for _name, _cell, _attention in (
     ("AttentionDecoder bahdanau flow", "GRUCell", "BahdanauAttention"),
     ("AttentionDecoder luong flow", "LSTMCell", "LuongAttention"),
+    (
+        "AttentionDecoder location-sensitive",
+        "GRUCell",
+        "LocationSensitiveAttention",
+    ),
+    ("AttentionDecoder monotonic", "LSTMCell", "MonotonicAttention"),
 ):
     LAYER_CASES[_name] = dict(
         make=lambda d, c=_cell, a=_attention: ka.AttentionDecoder(
@@ -334,6 +391,7 @@ for _name, _cell, _attention in (
             getattr(ka, a)(dtype=d)
             if a == "LuongAttention"
             else getattr(ka, a)(5, dtype=d),
+            flow="luong" if a == "MonotonicAttention" else None,
             dtype=d,
         ),
         shapes=[(B, T, 3), (B, S, 6)],
@@ -451,14 +509,21 @@ def test_layer_paths_equal_float64_reference(name):
 # are within 0.25 of float64 (0.03 on the reference path), beyond the
 # tolerance; the block is checked in float16 and in bfloat16 through the
 # single layers.
-MIXED_CASES = [
-    (name, dtype)
-    for name in (
-        "MultiHeadSelfAttention causal+padding",
-        "AttentionDecoder luong flow",
-    )
-    for dtype in ("float16", "bfloat16")
-] + [("TransformerDecoderBlock encoder", "float16")]
+MIXED_CASES = (
+    [
+        (name, dtype)
+        for name in (
+            "MultiHeadSelfAttention causal+padding",
+            "AttentionDecoder luong flow",
+        )
+        for dtype in ("float16", "bfloat16")
+    ]
+    + [
+        ("LocationSensitiveAttention cumulative", "bfloat16"),
+        ("MonotonicAttention parallel normalize", "float16"),
+    ]
+    + [("TransformerDecoderBlock encoder", "float16")]
+)
 
 
 @pytest.mark.parametrize("name,dtype", MIXED_CASES)
