@@ -45,15 +45,20 @@ def random_mask(draw, shape):
     return mask
 
 
-def check_weights(weights, mask):
-    """Rows sum to 1 or are all zero; masked entries are exactly zero."""
+def check_weights(weights, mask, normalized=True):
+    """Rows sum to 1 (at most 1 unless `normalized`: monotonic attention
+    may stop nowhere) or are all zero; masked entries are exactly zero."""
     weights = to_numpy(weights)
     assert np.all(np.isfinite(weights))
+    assert np.all(weights >= 0)
     assert np.all(weights[~np.broadcast_to(mask, weights.shape)] == 0)
     sums = weights.sum(axis=-1)
     empty = ~np.broadcast_to(mask, weights.shape).any(axis=-1)
     np.testing.assert_array_equal(sums[empty], 0)
-    np.testing.assert_allclose(sums[~empty], 1, atol=2e-2)
+    if normalized:
+        np.testing.assert_allclose(sums[~empty], 1, atol=2e-2)
+    else:
+        assert np.all(sums <= 1 + 2e-2)
 
 
 @st.composite
@@ -171,6 +176,10 @@ def make_mechanism(kind, dtype):
         return ka.BahdanauAttention(6, dtype=dtype)
     if kind == "bahdanau-normalized":
         return ka.BahdanauAttention(6, normalize=True, dtype=dtype)
+    if kind == "location-sensitive":
+        return ka.LocationSensitiveAttention(6, 3, 3, dtype=dtype)
+    if kind == "monotonic":
+        return ka.MonotonicAttention(6, dtype=dtype)
     score = kind.split("-")[1]
     return ka.LuongAttention(
         score, units=6 if score == "concat" else None, dtype=dtype
@@ -186,6 +195,8 @@ SOURCE_LAYERS = [
     "luong-dot",
     "luong-general",
     "luong-concat",
+    "location-sensitive",
+    "monotonic",
     "attention-decoder",
 ]
 
@@ -258,7 +269,7 @@ def test_padded_source_never_changes_outputs(kind, case):
     assert np.all(np.isfinite(to_numpy(out)))
     # (B, 1, S) or (B, 1, 1, S) against weights (B, T, S) or (B, N, T, S).
     visible = mask.reshape(mask.shape[0], *[1] * (len(weights.shape) - 2), -1)
-    check_weights(weights, visible)
+    check_weights(weights, visible, normalized=kind != "monotonic")
     np.testing.assert_allclose(
         to_numpy(out_junk), to_numpy(out), atol=ATOL[case["dtype"]]
     )
