@@ -82,6 +82,43 @@ CASES = {
         seed_generators=1,
         **SCORES,
     ),
+    "location_sensitive": case(
+        ka.LocationSensitiveAttention,
+        {"units": 4, "filters": 3, "kernel_size": 3},
+        {"query_shape": (B, T, 6), "value_shape": (B, S, D)},
+        ((B, T, D), (B, T, S)),
+        6,  # W, V, the location filters and projection, v and b
+        **SCORES,
+    ),
+    "monotonic_noisy": case(
+        ka.MonotonicAttention,
+        {"units": 4, "normalize": True, "sigmoid_noise": 1.0},
+        {"query_shape": (B, T, 6), "value_shape": (B, S, D)},
+        (B, T, D),
+        6,  # Bahdanau's score with weight norm and the offset r
+        seed_generators=1,  # the score noise's
+    ),
+    "monotonic_luong_hard_one_step": case(
+        ka.MonotonicAttention,
+        {"score": "luong", "mode": "hard"},
+        {"query_shape": (B, D), "value_shape": (B, S, D)},
+        ((B, D), (B, S)),
+        2,  # W_a and the offset r
+        **SCORES,
+    ),
+    "decoder_gru_location_sensitive": case(
+        ka.AttentionDecoder,
+        {
+            "cell": keras.layers.serialize(keras.layers.GRUCell(4)),
+            "attention": keras.layers.serialize(
+                ka.LocationSensitiveAttention(4, filters=2, kernel_size=3)
+            ),
+        },
+        {"inputs_shape": (B, T, 6), "encoder_outputs_shape": (B, S, D)},
+        (B, T, 4),
+        3 + 6,
+        seed_generators=1,  # the cell's
+    ),
     "decoder_gru_bahdanau": case(
         ka.AttentionDecoder,
         {

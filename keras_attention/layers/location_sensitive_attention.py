@@ -119,15 +119,6 @@ class LocationSensitiveAttention(AttentionMechanism):
         )
         self.query_dense = self._dense("query_dense")
         self.key_dense = self._dense("key_dense")
-        self.location_conv = keras.layers.Conv1D(
-            filters,
-            kernel_size,
-            padding="same",
-            use_bias=False,
-            kernel_initializer=fresh(self.kernel_initializer),
-            dtype=self.dtype_policy,
-            name="location_conv",
-        )
         self.location_dense = self._dense("location_dense")
 
     def get_config(self):
@@ -161,7 +152,13 @@ class LocationSensitiveAttention(AttentionMechanism):
         channels = len(self.attention_state_names)
         self.query_dense.build((None, None, query_dim))
         self.key_dense.build((None, None, key_dim))
-        self.location_conv.build((None, None, channels))
+        # A weight, not a Conv1D: the convolution casts it to the compute
+        # dtype itself, whatever autocast scope the layer is called in.
+        self.location_kernel = self.add_weight(
+            name="location_kernel",
+            shape=(self.kernel_size, channels, self.filters),
+            initializer=fresh(self.kernel_initializer),
+        )
         self.location_dense.build((None, None, self.filters))
         self.score_kernel = self.add_weight(
             name="score_kernel",
@@ -178,7 +175,11 @@ class LocationSensitiveAttention(AttentionMechanism):
             axis=-1,
         )  # (B, S, C)
         location = ops.cast(location, self.compute_dtype)
-        features = invoke(self.location_conv, location)  # (B, S, F)
+        features = ops.conv(
+            location,
+            ops.cast(self.location_kernel, self.compute_dtype),
+            padding="same",
+        )  # (B, S, F)
         keys = projected_keys + invoke(self.location_dense, features)
         return functional.additive_score(
             invoke(self.query_dense, query),

@@ -182,7 +182,11 @@ class MonotonicAttention(AttentionMechanism):
                 dtype=self.dtype_policy,
                 name="luong_score",
             )
-        self._noise_seed = keras.random.SeedGenerator(name="score_noise_seed")
+        self._noise_seed = None
+        if self.sigmoid_noise:
+            self._noise_seed = keras.random.SeedGenerator(
+                name="score_noise_seed"
+            )
 
     def get_config(self):
         config = super().get_config()
