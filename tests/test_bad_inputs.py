@@ -199,6 +199,133 @@ CASES = {
         "value_mask",
         lambda: ka.LuongAttention()(x(B, D), x(B, S, D), value_mask=mask(S)),
     ),
+    # LocationSensitiveAttention
+    **{
+        f"location-{i}-{argument}": (
+            "LocationSensitiveAttention",
+            argument,
+            make,
+        )
+        for i, (argument, make) in enumerate(
+            (
+                ("units", lambda: ka.LocationSensitiveAttention(0)),
+                (
+                    "filters",
+                    lambda: ka.LocationSensitiveAttention(4, filters=-1),
+                ),
+                ("kernel_size", lambda: ka.LocationSensitiveAttention(4, 8, 0)),
+                (
+                    "kernel_size",
+                    lambda: ka.LocationSensitiveAttention(4, kernel_size=2.5),
+                ),
+                (
+                    "cumulative",
+                    lambda: ka.LocationSensitiveAttention(4, cumulative="yes"),
+                ),
+                (
+                    "smoothing",
+                    lambda: ka.LocationSensitiveAttention(4, smoothing=None),
+                ),
+                (
+                    "dropout",
+                    lambda: ka.LocationSensitiveAttention(4, dropout=1),
+                ),
+            )
+        )
+    },
+    "location-state-keys": (
+        "LocationSensitiveAttention",
+        "attention_state",
+        lambda: ka.LocationSensitiveAttention(4)(
+            x(B, D), x(B, S, D), attention_state={"alignment": x(B, S)}
+        ),
+    ),
+    "location-state-shape": (
+        "LocationSensitiveAttention",
+        "attention_state['alignment']",
+        lambda: ka.LocationSensitiveAttention(4, cumulative=False)(
+            x(B, T, D), x(B, S, D), attention_state={"alignment": x(B, 5)}
+        ),
+    ),
+    "location-attend-sequence": (
+        "LocationSensitiveAttention",
+        "query",
+        lambda: ka.LocationSensitiveAttention(4).attend(
+            x(B, T, D), x(B, S, D), x(B, S, 4)
+        ),
+    ),
+    "location-mask-shape": (
+        "LocationSensitiveAttention",
+        "value_mask",
+        lambda: ka.LocationSensitiveAttention(4)(
+            x(B, T, D), x(B, S, D), value_mask=mask(B, 5)
+        ),
+    ),
+    # MonotonicAttention
+    **{
+        f"monotonic-{name}": ("MonotonicAttention", argument, make)
+        for name, argument, make in (
+            ("mode", "mode", lambda: ka.MonotonicAttention(4, mode="soft")),
+            ("score", "score", lambda: ka.MonotonicAttention(4, "dot")),
+            (
+                "inference-mode",
+                "inference_mode",
+                lambda: ka.MonotonicAttention(4, inference_mode="argmax"),
+            ),
+            ("units", "units", lambda: ka.MonotonicAttention()),
+            (
+                "luong-units",
+                "units",
+                lambda: ka.MonotonicAttention(4, "luong")(x(B, D), x(B, S, D)),
+            ),
+            (
+                "normalize-luong",
+                "normalize",
+                lambda: ka.MonotonicAttention(score="luong", normalize=True),
+            ),
+            (
+                "scale-bahdanau",
+                "scale",
+                lambda: ka.MonotonicAttention(4, scale=True),
+            ),
+            (
+                "noise-negative",
+                "sigmoid_noise",
+                lambda: ka.MonotonicAttention(4, sigmoid_noise=-1.0),
+            ),
+            (
+                "noise-nan",
+                "sigmoid_noise",
+                lambda: ka.MonotonicAttention(4, sigmoid_noise=float("nan")),
+            ),
+            (
+                "bias-init",
+                "score_bias_init",
+                lambda: ka.MonotonicAttention(4, score_bias_init="-1"),
+            ),
+            (
+                "state-type",
+                "attention_state",
+                lambda: ka.MonotonicAttention(4)(
+                    x(B, D), x(B, S, D), attention_state=x(B, S)
+                ),
+            ),
+            (
+                "state-shape",
+                "attention_state['alignment']",
+                lambda: ka.MonotonicAttention(4)(
+                    x(B, D), x(B, S, D), attention_state={"alignment": x(S)}
+                ),
+            ),
+        )
+    },
+    "bahdanau-has-no-state": (
+        "BahdanauAttention",
+        "attention_state",
+        lambda: ka.BahdanauAttention(4)(
+            x(B, D), x(B, S, D), attention_state={"alignment": x(B, S)}
+        ),
+    ),
     # AttentionDecoder
     "decoder-cell": (
         "AttentionDecoder",

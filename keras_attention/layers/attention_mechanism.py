@@ -268,7 +268,7 @@ class AttentionMechanism(keras.layers.Layer):
                 attention_state = self.get_initial_attention_state(
                     value, value_mask
                 )
-            self._check_attention_state(attention_state, value.shape)
+        self._check_attention_state(attention_state, value.shape)
         if single_step:
             query = ops.expand_dims(query, 1)  # (B, 1, Dq)
             if dropout_mask is not None:
