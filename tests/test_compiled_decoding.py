@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+import keras_attention as ka
 from keras_attention import AttentionDecoder
 from keras_attention import BahdanauAttention
 from keras_attention import TransformerDecoderBlock
@@ -412,3 +413,69 @@ def test_beam_search_compiled_refuses_what_the_host_loop_refuses():
             untiled, model.initial_state(2), np.array([0, 1]), 3,
             beam_width=2, jit_compile=True,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["location", "monotonic"])
+def test_beam_search_carries_the_attention_state(kind):
+    """Attention with memory in a decoder: a beam as wide as every prefix
+    (5 tokens, 3 steps, 25 beams) is exhaustive, so each beam's score must
+    equal the teacher-forced log-probability of its tokens: a state not
+    reordered with its beam would give another one. Compiled and host
+    loops agree, and greedy search too."""
+    g = rng(4)
+    vocab, steps = 5, 3
+    embedding = keras.layers.Embedding(vocab, 4)
+    attention = (
+        ka.LocationSensitiveAttention(6, filters=2, kernel_size=3)
+        if kind == "location"
+        else ka.MonotonicAttention(score="luong", score_bias_init=1.0)
+    )
+    layer = AttentionDecoder(keras.layers.GRUCell(6), attention)
+    head = keras.layers.Dense(vocab)
+    encoded = g.normal(size=(2, 4, 6)).astype("float32")
+    mask = np.array([[1, 1, 1, 0], [1] * 4], bool)
+    head(layer(embedding(np.zeros((2, 1), "int32")), encoded))
+
+    def step(ids, state):
+        out, decoder_state, alignment = layer.step(
+            embedding(ids), state["decoder"], state["encoded"], state["mask"]
+        )
+        return head(out), {**state, "decoder": decoder_state}, alignment
+
+    def initial_state():
+        return {
+            "decoder": layer.get_initial_state(encoded, mask),
+            "encoded": encoded,
+            "mask": mask,
+        }
+
+    starts = np.array([1, 2], "int32")
+    (python, python_scores), (compiled, compiled_scores) = beam_both_ways(
+        step, initial_state, starts, steps, beam_width=vocab ** (steps - 1)
+    )
+    np.testing.assert_array_equal(compiled, python)
+    np.testing.assert_allclose(compiled_scores, python_scores, atol=1e-5)
+    # Teacher forcing: every beam of each example in one batch.
+    beams = python.reshape(-1, steps).astype("int32")  # (B·K, L)
+    inputs = np.concatenate([np.repeat(starts, 25)[:, None], beams], 1)
+    logits = head(
+        layer(
+            embedding(inputs[:, :-1]),
+            np.repeat(encoded, 25, axis=0),
+            encoder_padding_mask=np.repeat(mask, 25, axis=0),
+        )
+    )
+    logits = to_numpy(logits).astype("float64")  # (B·K, L, V)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    chosen = np.take_along_axis(log_probs, beams[..., None], -1)[..., 0]
+    np.testing.assert_allclose(
+        chosen.sum(-1).reshape(2, 25), python_scores, atol=1e-4
+    )
+    greedy, compiled_greedy = greedy_both_ways(
+        step, initial_state, starts, steps
+    )
+    np.testing.assert_array_equal(compiled_greedy, greedy)
+    greedy = greedy.astype("int32")
+    inputs = np.concatenate([starts[:, None], greedy[:, :-1]], axis=1)
+    logits = head(layer(embedding(inputs), encoded, encoder_padding_mask=mask))
+    np.testing.assert_array_equal(np.argmax(to_numpy(logits), -1), greedy)
