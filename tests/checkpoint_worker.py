@@ -50,7 +50,23 @@ def build_model():
         ka.LuongAttention("concat", units=6, scale=True),
         attention_dim=D,
     )(y, x)
-    combined = keras.layers.Concatenate()([t, r, bahdanau, luong])
+    location = ka.AttentionDecoder(
+        keras.layers.GRUCell(D),
+        ka.LocationSensitiveAttention(6, filters=4, kernel_size=3),
+    )(y, x)
+    monotonic = ka.AttentionDecoder(
+        keras.layers.GRUCell(D),
+        ka.MonotonicAttention(
+            score="luong",
+            mode="recursive",
+            sigmoid_noise=0.5,
+            inference_mode="hard",
+        ),
+        flow="luong",
+    )(y, x)
+    combined = keras.layers.Concatenate()(
+        [t, r, bahdanau, luong, location, monotonic]
+    )
     logits = keras.layers.Dense(VOCAB)(combined)
     return keras.Model([source, target], logits)
 

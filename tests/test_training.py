@@ -75,7 +75,11 @@ def dropout_model():
     r = ka.AttentionDecoder(keras.layers.GRUCell(8), ka.BahdanauAttention(6))(
         y, x
     )
-    logits = keras.layers.Dense(VOCAB)(keras.layers.Concatenate()([t, r]))
+    m = ka.AttentionDecoder(
+        keras.layers.GRUCell(8),
+        ka.MonotonicAttention(6, sigmoid_noise=1.0, dropout=0.3),
+    )(y, x)
+    logits = keras.layers.Dense(VOCAB)(keras.layers.Concatenate()([t, r, m]))
     return keras.Model([source, target], logits)
 
 
