@@ -379,6 +379,86 @@ def additive_score(query, key, kernel, bias=None):
     return ops.einsum("btsu,u->bts", ops.tanh(hidden), kernel)  # (B, T, S)
 
 
+def monotonic_attention(p_choose, previous_alignment, mode="parallel"):
+    """The expected monotonic alignment (Raffel et al. 2017).
+
+    Reading the source from where the previous step stopped, the decoder
+    stops at position `j` with probability `p_choose[j]`:
+
+    $$\\alpha_j = p_j \\sum_{k \\le j} \\alpha^{prev}_k
+    \\prod_{l=k}^{j-1} (1 - p_l)$$
+
+    `"recursive"` computes it with `q_j = (1 - p_{j-1}) q_{j-1} +
+    α^{prev}_j`, `α_j = p_j q_j` (a scan along the source); `"parallel"` in
+    closed form, `α = p · c · cumsum(α^{prev} / c)` with `c` the exclusive
+    cumulative product of `1 - p`, taken in log space and clipped (at the
+    dtype's smallest normal number inside the `log`, at `1e-10` in the
+    division) as in tensorflow-addons; `"hard"` expects 0/1 `p_choose` and
+    gives a one-hot alignment at the first chosen position at or after the
+    previous one, or zeros. The same equations and numbers as
+    tensorflow-addons' `monotonic_attention`.
+
+    Args:
+        p_choose (Tensor): Shape `(..., S)`, the stopping probabilities
+            (0 at masked positions).
+        previous_alignment (Tensor): Shape `(..., S)`, broadcastable to
+            `p_choose`.
+        mode (str): `"parallel"`, `"recursive"` or `"hard"`.
+
+    Returns:
+        Tensor: The alignment, of `p_choose`'s shape; each row sums to at most
+            1 (the rest is the probability of stopping nowhere).
+
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> p = np.array([[0.5, 0.5, 0.5]], "float32")
+        >>> first = np.array([[1.0, 0.0, 0.0]], "float32")
+        >>> a = monotonic_attention(p, first, "recursive")
+        >>> print(keras.ops.convert_to_numpy(a))
+        [[0.5   0.25  0.125]]
+    """
+    if mode not in ("parallel", "recursive", "hard"):
+        raise ValueError(
+            "monotonic_attention: `mode` must be 'parallel', 'recursive' or "
+            f"'hard'. Received: mode={mode!r}"
+        )
+    p_choose = ops.convert_to_tensor(p_choose)
+    previous = ops.cast(previous_alignment, p_choose.dtype)
+    if mode == "recursive":
+        decay = _shift_right(1.0 - p_choose, 1.0)  # (..., S)
+        previous = previous * ops.ones_like(p_choose)
+        steps = (ops.moveaxis(decay, -1, 0), ops.moveaxis(previous, -1, 0))
+
+        def step(carry, inputs):
+            carry = inputs[0] * carry + inputs[1]
+            return carry, carry
+
+        _, q = ops.scan(step, ops.zeros_like(p_choose[..., 0]), steps)
+        return p_choose * ops.moveaxis(q, 0, -1)
+    if mode == "parallel":
+        cumprod = _exclusive_cumprod(1.0 - p_choose)
+        floor = ops.clip(cumprod, 1e-10, 1.0)
+        return p_choose * cumprod * ops.cumsum(previous / floor, axis=-1)
+    # Hard: stop at the first chosen position at or after the previous one.
+    p_choose = p_choose * ops.cumsum(previous, axis=-1)
+    return p_choose * _shift_right(ops.cumprod(1.0 - p_choose, axis=-1), 1.0)
+
+
+def _exclusive_cumprod(x):
+    """`[1, x_0, x_0 x_1, ...]` along the last axis, in log space with `x`
+    clipped at its dtype's smallest normal number."""
+    tiny = float(np.finfo(keras.backend.standardize_dtype(x.dtype)).tiny)
+    logs = ops.log(ops.clip(x, tiny, 1.0))
+    return ops.exp(_shift_right(ops.cumsum(logs, axis=-1), 0.0))
+
+
+def _shift_right(x, first):
+    """`[first, x_0, ..., x_{S-2}]` along the last axis."""
+    head = ops.full_like(x[..., :1], first)
+    return ops.concatenate([head, x[..., :-1]], axis=-1)
+
+
 def scaled_dot_product_attention(
     query,
     key,

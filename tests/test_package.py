@@ -64,6 +64,7 @@ PUBLIC_FUNCTIONS = [
     "logits_dtype",
     "masked_softmax",
     "merge_masks",
+    "monotonic_attention",
     "padding_to_attention_mask",
     "position_angles",
     "scaled_dot_product_attention",

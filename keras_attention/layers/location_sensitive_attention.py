@@ -145,7 +145,9 @@ class LocationSensitiveAttention(AttentionMechanism):
         weights = ops.cast(weights, self._state_dtype())  # (B, S)
         state = {"alignment": weights}
         if self.cumulative:
-            state["cumulative"] = attention_state["cumulative"] + weights
+            state["cumulative"] = ops.add(
+                ops.cast(attention_state["cumulative"], weights.dtype), weights
+            )
         return state
 
     def _build_score(self, query_dim, key_dim):

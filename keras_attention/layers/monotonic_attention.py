@@ -8,6 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
@@ -256,54 +257,12 @@ class MonotonicAttention(AttentionMechanism):
             chosen = ops.sigmoid(scores)  # p: (B, T, S)
         if mask is not None:
             chosen = ops.where(mask, chosen, ops.zeros_like(chosen))
-        return monotonic_alignment(chosen, previous, mode)
+        return functional.monotonic_attention(chosen, previous, mode)
 
     def _draw_score_noise(self, shape):
         return self.sigmoid_noise * keras.random.normal(
             shape, dtype=self._state_dtype(), seed=self._noise_seed
         )
-
-
-def monotonic_alignment(p_choose, previous, mode):
-    """The monotonic alignment of stopping probabilities `p_choose` given
-    the previous alignment, both `(B, T, S)` (Raffel et al. 2017)."""
-    if mode == "recursive":
-        # q_j = (1 - p_{j-1}) q_{j-1} + previous_j, along the source.
-        decay = _shift_right(1.0 - p_choose, 1.0)  # (B, T, S)
-        steps = (
-            ops.moveaxis(decay, -1, 0),
-            ops.moveaxis(previous * ops.ones_like(p_choose), -1, 0),
-        )  # (S, B, T) each
-
-        def step(carry, inputs):
-            carry = inputs[0] * carry + inputs[1]
-            return carry, carry
-
-        _, q = ops.scan(step, ops.zeros_like(p_choose[..., 0]), steps)
-        return p_choose * ops.moveaxis(q, 0, -1)  # (B, T, S)
-    if mode == "parallel":
-        cumprod = _exclusive_cumprod(1.0 - p_choose)  # (B, T, S)
-        floor = ops.clip(cumprod, 1e-10, 1.0)
-        return p_choose * cumprod * ops.cumsum(previous / floor, axis=-1)
-    # Hard: stop at the first chosen position at or after the previous one.
-    p_choose = p_choose * ops.cumsum(previous, axis=-1)
-    return p_choose * _exclusive_cumprod(1.0 - p_choose, safe=False)
-
-
-def _exclusive_cumprod(x, safe=True):
-    """`[1, x_0, x_0 x_1, ...]` along the last axis; in log space, clipped
-    at the dtype's smallest normal number, unless `safe=False`."""
-    if safe:
-        tiny = float(np.finfo(keras.backend.standardize_dtype(x.dtype)).tiny)
-        logs = ops.log(ops.clip(x, tiny, 1.0))
-        return ops.exp(_shift_right(ops.cumsum(logs, axis=-1), 0.0))
-    return _shift_right(ops.cumprod(x, axis=-1), 1.0)
-
-
-def _shift_right(x, first):
-    """`[first, x_0, ..., x_{S-2}]` along the last axis."""
-    head = ops.full_like(x[..., :1], first)
-    return ops.concatenate([head, x[..., :-1]], axis=-1)
 
 
 def _check_choice(where, name, value, choices):
