@@ -241,13 +241,19 @@ def test_dataset_names_are_documented():
     names = [n for n in dir(datasets) if not n.startswith("_")]
     public = [n for n in names if n[0].isupper() or n.startswith("load_")]
     assert sorted(public) == [
+        "AlignedPair",
         "ParallelCorpus",
         "Vocabulary",
         "load_dates",
         "load_numbers",
+        "load_spelled_digits",
         "load_tsv",
     ]
-    for name in public + ["char_tokens", "word_tokens"]:
+    for name in public + [
+        "alignment_error_rate",
+        "char_tokens",
+        "word_tokens",
+    ]:
         doc = inspect.getdoc(getattr(datasets, name))
         assert doc and "Examples:" in doc, name
 
