@@ -406,8 +406,15 @@ def monotonic_attention(p_choose, previous_alignment, mode="parallel"):
         mode (str): `"parallel"`, `"recursive"` or `"hard"`.
 
     Returns:
-        Tensor: The alignment, of `p_choose`'s shape; each row sums to at most
-            1 (the rest is the probability of stopping nowhere).
+        Tensor: The alignment, of `p_choose`'s shape and float dtype
+            (computed in float32 for half-precision inputs); each row sums
+            to at most 1 (the rest is the probability of stopping nowhere).
+
+    The closed form loses mass when the cumulative product falls below its
+    `1e-10` floor: past a run of positions that the decoder is all but
+    certain to stop at (`p` near 1), an alignment carried further along
+    is under-counted, as in tensorflow-addons. The recursion is exact;
+    prefer it when the stopping probabilities saturate.
 
     Examples:
         >>> import keras
@@ -424,7 +431,19 @@ def monotonic_attention(p_choose, previous_alignment, mode="parallel"):
             f"'hard'. Received: mode={mode!r}"
         )
     p_choose = ops.convert_to_tensor(p_choose)
-    previous = ops.cast(previous_alignment, p_choose.dtype)
+    dtype = keras.backend.standardize_dtype(p_choose.dtype)
+    if "float" not in dtype:
+        raise ValueError(
+            "monotonic_attention: `p_choose` must be floating point. "
+            f"Received: p_choose.dtype={dtype}"
+        )
+    if dtype != logits_dtype(dtype):
+        # float16's smallest normal number and 1e-10 floor do not exist.
+        alignment = monotonic_attention(
+            ops.cast(p_choose, "float32"), previous_alignment, mode
+        )
+        return ops.cast(alignment, dtype)
+    previous = ops.cast(previous_alignment, dtype)
     if mode == "recursive":
         decay = _shift_right(1.0 - p_choose, 1.0)  # (..., S)
         previous = previous * ops.ones_like(p_choose)

@@ -319,6 +319,16 @@ CASES = {
             ),
         )
     },
+    "monotonic-attention-mode": (
+        "monotonic_attention",
+        "mode",
+        lambda: ka.functional.monotonic_attention(x(B, S), x(B, S), "soft"),
+    ),
+    "monotonic-attention-int": (
+        "monotonic_attention",
+        "p_choose",
+        lambda: ka.functional.monotonic_attention(ids(B, S), x(B, S)),
+    ),
     "bahdanau-has-no-state": (
         "BahdanauAttention",
         "attention_state",

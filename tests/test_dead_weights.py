@@ -113,6 +113,27 @@ def build_model(length, dropout):
         flow="luong",
         name="decoder_lstm_luong",
     )(target, source)
+    # Attention with memory, through the decoders (the whole-sequence call
+    # would loop over every query).
+    outputs["decoder_gru_location"] = ka.AttentionDecoder(
+        keras.layers.GRUCell(units, name="gru_location_cell"),
+        ka.LocationSensitiveAttention(
+            units, 4, 3, dropout=dropout, name="location_sensitive"
+        ),
+        name="decoder_gru_location",
+    )(target, source, encoder_padding_mask=source_padding)
+    outputs["decoder_lstm_monotonic"] = ka.AttentionDecoder(
+        keras.layers.LSTMCell(units, name="lstm_monotonic_cell"),
+        ka.MonotonicAttention(
+            units,
+            normalize=True,
+            sigmoid_noise=1.0,
+            dropout=dropout,
+            name="monotonic",
+        ),
+        flow="luong",
+        name="decoder_lstm_monotonic",
+    )(target, source, encoder_padding_mask=source_padding)
 
     # Multi-head attention: padding, causal, grouped-query, rotary.
     heads = {"num_heads": NUM_HEADS, "dropout": dropout}

@@ -22,6 +22,7 @@ from keras_attention import BahdanauAttention
 from keras_attention import LocationSensitiveAttention
 from keras_attention import LuongAttention
 from keras_attention import MonotonicAttention
+from keras_attention.functional import monotonic_attention
 from tests.autodiff import float64_context
 from tests.autodiff import value_and_grads
 from tests.helpers import BACKEND
@@ -1010,3 +1011,72 @@ def test_luong_units_must_equal_the_query_dim():
     build(MonotonicAttention(score="luong", units=DQ))
     with pytest.raises(ValueError, match=f"units={DQ + 1}"):
         MonotonicAttention(score="luong", units=DQ + 1)(query, value)
+
+
+# --- functional.monotonic_attention ----------------------------------------
+
+
+def test_parallel_form_loses_mass_past_saturated_positions():
+    """Six positions the decoder all but surely stops at (p = 0.99), then
+    the previous alignment on position 6 with p = 0.5: the recursion gives
+    0.5 there; the closed form divides by a cumulative product floored at
+    1e-10 and gives 0.99^6·... ≈ 0.005 (as tensorflow-addons does), the
+    documented limit of the parallel mode."""
+    p = np.array([[0.99] * 6 + [0.5]], "float32")
+    previous = np.eye(7, dtype="float32")[6][None]
+    recursive = to_numpy(monotonic_attention(p, previous, "recursive"))
+    parallel = to_numpy(monotonic_attention(p, previous, "parallel"))
+    np.testing.assert_allclose(recursive[0], [0] * 6 + [0.5], atol=1e-7)
+    want = 0.5 * 0.01**6 / 1e-10  # p_6 · cumprod_6 / floor
+    np.testing.assert_allclose(parallel[0, 6], want, rtol=1e-3)
+    np.testing.assert_allclose(parallel[0, :6], 0.0, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mode", ["parallel", "recursive", "hard"])
+def test_monotonic_attention_in_half_precision(mode, dtype):
+    """Half-precision probabilities are aligned in float32 (float16 has no
+    1e-10 floor) and come back finite in their own dtype."""
+    p = np.array([[1.0, 1.0, 1.0, 0.5], [0.0, 0.5, 0.0, 1.0]], "float32")
+    previous = np.array([[0, 0, 0, 1], [1, 0, 0, 0]], "float32")
+    want = to_numpy(monotonic_attention(p, previous, mode))
+    got = monotonic_attention(
+        keras.ops.cast(p, dtype), keras.ops.cast(previous, dtype), mode
+    )
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    assert np.all(np.isfinite(to_numpy(got)))
+    np.testing.assert_allclose(to_numpy(got), want, atol=1e-2)
+
+
+@pytest.mark.parametrize("offset", [-30.0, 30.0])
+def test_saturated_parallel_gradients_are_finite(offset):
+    """Stopping probabilities saturated at 0 or 1: the closed form's log,
+    clip and division give finite gradients to every weight and input."""
+    layer = built("bahdanau_normalize", mode="parallel")
+    layer.score_offset.assign(offset)
+    query, value, mask = inputs(2)
+
+    def fn(q, v):
+        return layer(q, v, value_mask=mask, return_attention_scores=True)
+
+    outputs, input_grads, weight_grads = value_and_grads(
+        fn, [query, value], layer.trainable_weights
+    )
+    for grad in [*input_grads, *weight_grads]:
+        assert grad is not None
+        assert np.all(np.isfinite(grad))
+    assert all(np.all(np.isfinite(o)) for o in outputs)
+
+
+def test_a_decoder_state_without_the_attention_state_is_refused():
+    """`step` with a state that lost its 'attention' entry would restart
+    the alignment at every step: a clear error instead."""
+    decoder = AttentionDecoder(
+        keras.layers.GRUCell(4), MonotonicAttention(score="luong")
+    )
+    encoded = np.ones((2, 5, 4), "float32")
+    decoder(np.ones((2, 1, 3), "float32"), encoded)
+    state = decoder.get_initial_state(encoded)
+    state.pop("attention")
+    with pytest.raises(ValueError, match="Received: state with keys"):
+        decoder.step(np.ones((2, 3), "float32"), state, encoded)

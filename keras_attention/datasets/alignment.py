@@ -126,7 +126,9 @@ def alignment_error_rate(weights, alignments, target_mask=None) -> float:
     source token.
 
     For each reference target token, the source position of the largest
-    weight (the first one on ties) is compared with the reference:
+    weight (the first one on ties) is compared with the reference; a row
+    of zeros (attention that stopped nowhere, as monotonic attention may)
+    attends to no position and counts as wrong:
 
     $$\\operatorname{AER} = \\frac{1}{|R|} \\sum_{(n, t) \\in R}
     [\\operatorname{argmax}_s \\alpha_{n,t,s} \\neq a_{n,t}]$$
@@ -153,6 +155,8 @@ def alignment_error_rate(weights, alignments, target_mask=None) -> float:
         0.3333333333333333
         >>> alignment_error_rate(weights, np.array([[0, -1, 1]]))
         0.0
+        >>> alignment_error_rate(np.zeros((1, 1, 2)), np.array([[0]]))
+        1.0
     """
     where = "alignment_error_rate"
     weights = np.asarray(weights)
@@ -193,7 +197,9 @@ def alignment_error_rate(weights, alignments, target_mask=None) -> float:
             f"{where}: no target token has a reference alignment. "
             f"Received: alignments.shape={alignments.shape}"
         )
-    wrong = (weights.argmax(axis=-1) != alignments) & reference  # (N, T)
+    peak = weights.argmax(axis=-1)  # (N, T)
+    nowhere = weights.max(axis=-1) <= 0  # (N, T)
+    wrong = ((peak != alignments) | nowhere) & reference
     return float(wrong.sum() / count)
 
 

@@ -44,9 +44,10 @@ class AttentionDecoder(keras.layers.Layer):
 
     The teacher-forced loop is a `keras.ops.scan`, so it compiles with the
     rest of the model; the attention's key projections are computed once
-    per source sequence. The attention's `dropout` acts in training: its
-    masks, one per step, are drawn before the loop, as Keras's RNN layers
-    draw theirs, so training also compiles on JAX. Cell dropout is not
+    per source sequence. The attention's `dropout` (and the score noise of
+    `MonotonicAttention`) acts in training: its masks, one per step, are
+    drawn before the loop, as Keras's RNN layers draw theirs, so training
+    also compiles on JAX. Cell dropout is not
     supported; put `Dropout` on the decoder's inputs and outputs. For
     step-by-step inference use `get_initial_state` and `step`, which
     `keras_attention.decoding` drives.
@@ -54,8 +55,10 @@ class AttentionDecoder(keras.layers.Layer):
     Args:
         cell (keras.layers.Layer): A Keras RNN cell (`GRUCell`, `LSTMCell`,
             `SimpleRNNCell`, ...).
-        attention (AttentionMechanism): A `BahdanauAttention` or
-            `LuongAttention`.
+        attention (AttentionMechanism): A `BahdanauAttention`,
+            `LuongAttention`, `LocationSensitiveAttention` or
+            `MonotonicAttention`. Attention that reads its previous
+            alignment keeps it in the decoder's state.
         flow: `"bahdanau"` or `"luong"`. Defaults to `"luong"` for a
             `LuongAttention` and `"bahdanau"` otherwise.
         attention_dim: Size A of `s̃_t` in the Luong flow. Defaults to
@@ -408,6 +411,13 @@ class AttentionDecoder(keras.layers.Layer):
         loop)."""
         cell_state, keys = state["cell"], state["keys"]
         attention_state = state.get("attention")
+        if self.attention.attention_state_names and attention_state is None:
+            raise ValueError(
+                f"{self._where()}: `state` must hold the attention's state "
+                "under 'attention' (start from `get_initial_state`): "
+                f"{type(self.attention).__name__} reads its previous "
+                f"alignment. Received: state with keys {sorted(state)}"
+            )
         if self.flow == "bahdanau":
             context, alignment = self._attend(
                 cell_state[0],

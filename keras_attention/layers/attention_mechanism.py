@@ -269,6 +269,7 @@ class AttentionMechanism(keras.layers.Layer):
                     value, value_mask
                 )
         self._check_attention_state(attention_state, value.shape)
+        attention_state = self._as_state_dtype(attention_state)
         if single_step:
             query = ops.expand_dims(query, 1)  # (B, 1, Dq)
             if dropout_mask is not None:
@@ -332,7 +333,7 @@ class AttentionMechanism(keras.layers.Layer):
                 self._draw_loop_noise((length, batch, source_length))
             )  # (T, B, S) each
         init = {
-            "state": dict(attention_state),
+            "state": self._as_state_dtype(attention_state),
             "context": ops.zeros(
                 (batch, value.shape[-1]), dtype=self.compute_dtype
             ),
@@ -382,6 +383,14 @@ class AttentionMechanism(keras.layers.Layer):
         """Alignment states are summed over many steps: never in half
         precision."""
         return functional.logits_dtype(self.compute_dtype)
+
+    def _as_state_dtype(self, attention_state):
+        """A given state (autocast to half precision by `__call__` under
+        mixed precision, or NumPy) in the state dtype."""
+        if attention_state is None:
+            return None
+        dtype = self._state_dtype()
+        return {k: ops.cast(v, dtype) for k, v in attention_state.items()}
 
     def _build_score(self, query_dim, key_dim):
         """Creates the scoring weights; subclasses override."""
@@ -440,7 +449,7 @@ class AttentionMechanism(keras.layers.Layer):
                 f"{self._where()}: `attention_state` must be a dict with the "
                 f"keys {list(names)}"
                 + (" (this attention has no state)" if not names else "")
-                + f". Received: attention_state keys {received}"
+                + f". Received: attention_state with keys {received}"
             )
         for name in names:
             checks.check_shape(

@@ -36,7 +36,9 @@ class MonotonicAttention(AttentionMechanism):
     `mode="recursive"` computes it with the recursion `q_{t,j} = (1 -
     p_{t,j-1}) q_{t,j-1} + α_{t-1,j}`, `α_{t,j} = p_{t,j} q_{t,j}`;
     `mode="parallel"` in closed form with cumulative products (clipped
-    inside the logarithm, in float32); `mode="hard"` stops at the first
+    inside the logarithm; float32 for half-precision inputs), which loses
+    mass once the probabilities saturate (see
+    `functional.monotonic_attention`); `mode="hard"` stops at the first
     position from the previous one where `e + r > 0`, so the alignment is
     one-hot (or zero when it runs off the end) and never moves backwards.
     The alignment starts one-hot on the first source position and does not
@@ -148,7 +150,11 @@ class MonotonicAttention(AttentionMechanism):
             ("sigmoid_noise", sigmoid_noise),
             ("score_bias_init", score_bias_init),
         ):
-            if not isinstance(number, (int, float)) or not np.isfinite(number):
+            if (
+                isinstance(number, bool)
+                or not isinstance(number, (int, float, np.integer, np.floating))
+                or not np.isfinite(number)
+            ):
                 raise ValueError(
                     f"{where}: `{name}` must be a finite number. "
                     f"Received: {name}={number!r}"
