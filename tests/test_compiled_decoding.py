@@ -479,3 +479,15 @@ def test_beam_search_carries_the_attention_state(kind):
     inputs = np.concatenate([starts[:, None], greedy[:, :-1]], axis=1)
     logits = head(layer(embedding(inputs), encoded, encoder_padding_mask=mask))
     np.testing.assert_array_equal(np.argmax(to_numpy(logits), -1), greedy)
+    # Sampling carries the state too: one token left is greedy search.
+    for jit_compile in (False, True):
+        sampled = sample(
+            step,
+            initial_state(),
+            starts,
+            steps,
+            seed=3,
+            top_k=1,
+            jit_compile=jit_compile,
+        )
+        np.testing.assert_array_equal(to_numpy(sampled), greedy)
