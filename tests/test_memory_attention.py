@@ -131,6 +131,25 @@ def location_kernel(layer):
     return weight(layer, "location_kernel")
 
 
+def attend_step_by_step(layer, query, value, mask, state):
+    """`attend` once per query, each step reading the state the one before
+    left: the weights `(B, T, S)` as NumPy and the final state."""
+    projected = layer.project_keys(value)
+    stepped = []
+    for t in range(query.shape[1]):
+        _, weights = layer.attend(
+            query[:, t],
+            value,
+            projected,
+            value_mask=mask,
+            return_attention_scores=True,
+            attention_state=state,
+        )
+        stepped.append(to_numpy(weights))
+        state = layer.next_attention_state(state, weights)
+    return np.stack(stepped, 1), state
+
+
 def run(layer, query, value, mask=None, **kwargs):
     """The layer's call with the weights, as float64 NumPy."""
     context, weights = layer(
@@ -389,21 +408,9 @@ def test_location_sensitive_state_protocol():
     assert set(
         build(make("previous_k5")).get_initial_attention_state(value)
     ) == {"alignment"}
-    projected = layer.project_keys(value)
-    stepped = []
-    for t in range(T):
-        _, weights = layer.attend(
-            query[:, t],
-            value,
-            projected,
-            value_mask=mask,
-            return_attention_scores=True,
-            attention_state=state,
-        )
-        stepped.append(to_numpy(weights))
-        state = layer.next_attention_state(state, weights)
+    stepped, state = attend_step_by_step(layer, query, value, mask, state)
     _, want = np_run(layer, query, value, mask)
-    np.testing.assert_allclose(np.stack(stepped, 1), want, atol=1e-5)
+    np.testing.assert_allclose(stepped, want, atol=1e-5)
     np.testing.assert_allclose(to_numpy(state["alignment"]), want[:, -1], 1e-5)
     np.testing.assert_allclose(
         to_numpy(state["cumulative"]), want.sum(1), atol=1e-5
@@ -551,21 +558,9 @@ def test_monotonic_state_protocol():
     np.testing.assert_array_equal(
         to_numpy(state["alignment"]), np_monotonic_initial()
     )
-    projected = layer.project_keys(value)
-    stepped = []
-    for t in range(T):
-        _, weights = layer.attend(
-            query[:, t],
-            value,
-            projected,
-            value_mask=mask,
-            return_attention_scores=True,
-            attention_state=state,
-        )
-        stepped.append(to_numpy(weights))
-        state = layer.next_attention_state(state, weights)
+    stepped, state = attend_step_by_step(layer, query, value, mask, state)
     _, want = np_run(layer, query, value, mask)
-    np.testing.assert_allclose(np.stack(stepped, 1), want, atol=1e-5)
+    np.testing.assert_allclose(stepped, want, atol=1e-5)
     assert np.all(want[0, :, 0] == 0.0) and want[0].max() > 0.1
 
 
