@@ -1,70 +1,80 @@
-"""Multi-device training of the Transformer examples with keras.distribution.
+"""Training the Transformer examples on several devices, on every backend.
 
 Trains the mini GPT of `mini_gpt.py` (decoder-only, rotary positions,
 grouped-query attention) and the encoder-decoder Transformer of
-`transformer_nmt.py` three times each, from the same initial weights on
-the same batches in the same order, and compares the losses:
+`transformer_nmt.py` on one device (the baseline) and on several with the
+backend's own engine, from the same initial weights on the same batches in
+the same order, and compares the losses and the final weights:
 
-1. on one device (the baseline),
-2. with `keras.distribution.DataParallel`: variables replicated, every
-   batch split across all devices,
-3. with `keras.distribution.ModelParallel` on a `(batch, model)` device
-   mesh: batches split along "batch", attention heads and feed-forward
-   units split along "model" by this `LayoutMap` (keys are regular
-   expressions that must match a whole `variable.path`, as printed by
-   `for w in model.weights: print(w.path)`):
+* JAX: `keras.distribution` (implemented for JAX only in Keras 3.15).
+  `DataParallel` replicates the variables and splits every batch across
+  all devices. `ModelParallel` splits batches along "batch" of a
+  `(batch, model)` device mesh and, by `LAYOUTS` below, attention heads
+  and feed-forward units along "model" (Megatron-style tensor
+  parallelism: XLA inserts the all-reduce after the output projections);
+  the devices on "model" must divide the query and key/value heads.
+* TensorFlow: `tf.distribute.MirroredStrategy`. The model is built and
+  compiled inside `strategy.scope()` and trained by the same `fit`: each
+  replica takes its slice of every batch, Keras divides each replica's
+  loss by the number of replicas, and the gradients are summed.
+* PyTorch: `torch.nn.parallel.DistributedDataParallel` (DDP), one process
+  per device, started by `torch.multiprocessing`. A Keras model on torch
+  is a `torch.nn.Module`, which DDP wraps as it is. Each process takes its
+  slice of every batch, and a plain torch loop does what Keras's torch
+  `train_step` does: the forward pass through the wrapper, the compiled
+  loss, `backward()` (where DDP averages the gradients over the
+  processes), the compiled Keras optimizer. It therefore reproduces `fit`.
 
-    ========================================================  ================
-    variable path (regex)                                     layout
-    ========================================================  ================
-    .*attention/(query|key|value)_dense/kernel  (D, N, H)    (None, model, None)
-    .*attention/(query|key|value)_dense/bias    (N, H)       (model, None)
-    .*attention/output_dense/kernel             (N, H, D)    (model, None, None)
-    .*feedforward_intermediate_dense/kernel     (D, F)       (None, model)
-    .*feedforward_intermediate_dense/bias       (F,)         (model,)
-    .*feedforward_output_dense/kernel           (F, D)       (model, None)
-    ========================================================  ================
+Splitting a batch reproduces the whole batch when every replica's loss is
+a mean over as many terms, as here (equal slices; the dates targets have
+no padding). With unequal numbers of ignored (padded) targets per replica,
+the mean of the replicas' means is not the mean over the batch.
 
-   "attention" covers both `self_attention` and `cross_attention` of the
-   blocks. Each device holds N / m query heads and K / m key/value heads
-   (m devices on "model", which must divide N and K) and F / m
-   feed-forward units: Megatron-style tensor parallelism, where XLA
-   inserts the all-reduce after the output projections. Everything else
-   (embeddings, LayerNorms, biases of the output projections, logits) is
-   replicated.
-
-Keras 3.15's distribution API is implemented for JAX only. The TensorFlow
-backend has an unfinished DTensor prototype (marked "DO NOT USE"; it lays
-out no variables and shards no data) and PyTorch none, so on those
-backends the script says so and trains the single-device baseline only.
-
-On a multi-GPU (or TPU) JAX host it uses the accelerators. On a CPU,
-`--simulate-devices 8` makes XLA expose 8 host devices (it sets
-`XLA_FLAGS=--xla_force_host_platform_device_count=8` before JAX is
-imported):
+On a CPU, `--simulate-devices N` trains on N simulated devices: XLA host
+devices on JAX (set in `XLA_FLAGS` before JAX is imported), logical CPU
+devices on TensorFlow (set before TensorFlow initialises), processes
+joined by gloo on torch. Without it the script uses the accelerators: all
+JAX devices, `MirroredStrategy()` over all GPUs, one process per GPU
+joined by nccl.
 
     python examples/distributed_training.py --backend jax --simulate-devices 8
-    python examples/distributed_training.py --backend jax   # real GPUs
+    python examples/distributed_training.py --backend tensorflow \\
+        --simulate-devices 2
+    python examples/distributed_training.py --backend torch --simulate-devices 2
+    python examples/distributed_training.py --backend jax  # accelerators
 
 The last line printed is a JSON summary; the exit status is 1 if a
-distributed run's losses differ from the baseline's by more than
-`--tolerance`.
+distributed run's losses differ from the single-device run's by more than
+`--tolerance`. The weights' largest difference is printed too. Over many
+steps it grows with float32 rounding, which training amplifies: after 60
+steps of the NMT model on TensorFlow it reaches 1e-2, as it does between
+two single-device runs that differ only in oneDNN's rounding.
 """
 
 import argparse
+import datetime
+import functools
 import json
+import operator
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+# `ModelParallel` layouts on the (batch, model) mesh. The keys are regular
+# expressions that must match a whole `variable.path` (list the paths with
+# `for w in model.weights: print(w.path)`); "attention" covers
+# `self_attention` and `cross_attention`. D is the model dim, N the heads
+# (key/value heads for key and value), H the head dim, F the feed-forward
+# units. Everything else (embeddings, LayerNorms, logits) is replicated.
 LAYOUTS = {
-    ".*attention/(query|key|value)_dense/kernel": (None, "model", None),
-    ".*attention/(query|key|value)_dense/bias": ("model", None),
-    ".*attention/output_dense/kernel": ("model", None, None),
-    ".*feedforward_intermediate_dense/kernel": (None, "model"),
-    ".*feedforward_intermediate_dense/bias": ("model",),
-    ".*feedforward_output_dense/kernel": ("model", None),
+    ".*attention/(query|key|value)_dense/kernel": (None, "model", None),  # DNH
+    ".*attention/(query|key|value)_dense/bias": ("model", None),  # (N, H)
+    ".*attention/output_dense/kernel": ("model", None, None),  # (N, H, D)
+    ".*feedforward_intermediate_dense/kernel": (None, "model"),  # (D, F)
+    ".*feedforward_intermediate_dense/bias": ("model",),  # (F,)
+    ".*feedforward_output_dense/kernel": ("model", None),  # (F, D)
 }
 
 
@@ -80,14 +90,14 @@ def parse_args(argv=None):
         "--simulate-devices",
         type=int,
         default=0,
-        help="JAX on CPU: expose this many host devices",
+        help="train on this many simulated CPU devices",
     )
     parser.add_argument("--models", default="gpt,nmt")
     parser.add_argument(
         "--model-shards",
         type=int,
         default=2,
-        help='devices on the "model" mesh axis',
+        help='JAX: devices on the "model" mesh axis',
     )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -97,7 +107,12 @@ def parse_args(argv=None):
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--sequence-length", type=int, default=128)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--tolerance", type=float, default=1e-3)
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-3,
+        help="largest allowed difference of a loss from the single device",
+    )
     parser.add_argument("--output", default="examples/output")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="seconds-long run")
@@ -130,7 +145,7 @@ def gpt_task(args):
         prompt_length=0,
         generate=0,
     )
-    return lambda: mini_gpt.build_model(config), x, y
+    return functools.partial(mini_gpt.build_model, config), x, y
 
 
 def nmt_task(args):
@@ -146,22 +161,32 @@ def nmt_task(args):
     source_vocab = datasets.Vocabulary.from_texts([s for s, _ in pairs], "word")
     target_vocab = datasets.Vocabulary.from_texts([t for _, t in pairs], "char")
     x, y = seq2seq.arrays(pairs, source_vocab, target_vocab)
-
-    def build():
-        return seq2seq.build_transformer(
-            len(source_vocab),
-            len(target_vocab),
-            args.units,
-            num_heads=args.heads,
-            num_layers=args.layers,
-            dropout=0.0,
-        )
-
+    build = functools.partial(
+        seq2seq.build_transformer,
+        len(source_vocab),
+        len(target_vocab),
+        args.units,
+        num_heads=args.heads,
+        num_layers=args.layers,
+        dropout=0.0,
+    )
     return build, x, y
 
 
-def train(build, x, y, initial_weights, args, distribution=None):
-    """Per-step losses and final weights of one run from `initial_weights`.
+def compile_model(model, args):
+    import keras
+
+    model.compile(
+        optimizer=keras.optimizers.Adam(args.learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=0
+        ),
+    )
+
+
+def train(job, args, scope=None):
+    """`(model, losses, weights, seconds)` of `model.fit` from the job's
+    initial weights, inside `scope` (a distribution or strategy scope).
 
     The losses are the running means Keras reports after each batch.
     """
@@ -174,20 +199,14 @@ def train(build, x, y, initial_weights, args, distribution=None):
     record = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: losses.append(logs["loss"])
     )
-    scope = distribution.scope() if distribution else contextlib.nullcontext()
-    with scope:
-        model = build()
-        model.set_weights(initial_weights)
-        model.compile(
-            optimizer=keras.optimizers.Adam(args.learning_rate),
-            loss=keras.losses.SparseCategoricalCrossentropy(
-                from_logits=True, ignore_class=0
-            ),
-        )
+    with scope or contextlib.nullcontext():
+        model = job["build"]()
+        model.set_weights(job["initial"])
+        compile_model(model, args)
         start = time.perf_counter()
         model.fit(
-            x,
-            y,
+            job["x"],
+            job["y"],
             batch_size=args.batch_size,
             epochs=1,
             shuffle=False,
@@ -196,6 +215,34 @@ def train(build, x, y, initial_weights, args, distribution=None):
         )
         seconds = time.perf_counter() - start
     return model, np.array(losses, "float64"), model.get_weights(), seconds
+
+
+def jax_runs(job, args, devices):
+    """`DataParallel` and `ModelParallel` runs over `devices`."""
+    import keras
+
+    shards = args.model_shards if len(devices) % args.model_shards == 0 else 1
+    mesh = keras.distribution.DeviceMesh(
+        (len(devices) // shards, shards), ("batch", "model"), devices
+    )
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for pattern, layout in LAYOUTS.items():
+        layout_map[pattern] = layout
+    distributions = {
+        f"DataParallel ({len(devices)})": keras.distribution.DataParallel(
+            devices=devices
+        ),
+        f"ModelParallel ({len(devices) // shards} x {shards})": (
+            keras.distribution.ModelParallel(
+                layout_map=layout_map, batch_dim_name="batch"
+            )
+        ),
+    }
+    runs = {}
+    for label, distribution in distributions.items():
+        model, losses, weights, seconds = train(job, args, distribution.scope())
+        runs[label] = (losses, weights, seconds, layouts(model))
+    return runs
 
 
 def layouts(model):
@@ -207,6 +254,139 @@ def layouts(model):
         if spec is not None and any(axis is not None for axis in spec):
             out[variable.path] = str(tuple(spec))
     return out
+
+
+def mirrored_strategy(simulate_devices):
+    """`MirroredStrategy` over all GPUs, or over `simulate_devices` logical
+    CPU devices; must run before TensorFlow initialises its devices."""
+    import tensorflow as tf
+
+    if not simulate_devices:
+        return tf.distribute.MirroredStrategy()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * simulate_devices
+    )
+    return tf.distribute.MirroredStrategy(
+        [f"/cpu:{i}" for i in range(simulate_devices)]
+    )
+
+
+def mirrored_runs(job, args, strategy):
+    """A `fit` run with the model built and compiled in `strategy.scope()`."""
+    _, losses, weights, seconds = train(job, args, strategy.scope())
+    label = f"MirroredStrategy ({strategy.num_replicas_in_sync})"
+    return {label: (losses, weights, seconds, {})}
+
+
+def torch_runs(jobs, args, processes):
+    """`{name: {label: (losses, weights, seconds, {})}}` of DDP runs over
+    `processes` processes, all jobs in one group (each process imports
+    torch and Keras once)."""
+    import numpy as np
+    import torch.multiprocessing
+
+    with tempfile.TemporaryDirectory() as folder:
+        torch.multiprocessing.spawn(
+            ddp_worker, args=(processes, jobs, args, folder), nprocs=processes
+        )
+        runs = {}
+        label = f"DistributedDataParallel ({processes})"
+        for job in jobs:
+            saved = np.load(Path(folder) / f"{job['name']}.npz")
+            weights = [saved[f"w{i}"] for i in range(len(job["initial"]))]
+            run = (saved["losses"], weights, float(saved["seconds"]), {})
+            runs[job["name"]] = {label: run}
+    return runs
+
+
+def ddp_worker(rank, processes, jobs, args, folder):
+    """One DDP process: trains every job on its slice of each batch; rank
+    0 saves the losses, weights and time to `folder/<name>.npz`."""
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.is_available() and not args.simulate_devices
+    if gpus:
+        torch.cuda.set_device(rank)  # before Keras places any tensor
+    else:
+        torch.set_num_threads(max(1, os.cpu_count() // processes))
+    dist.init_process_group(
+        "nccl" if gpus else "gloo",
+        init_method=f"file://{folder}/rendezvous",
+        rank=rank,
+        world_size=processes,
+        timeout=datetime.timedelta(minutes=2),  # a lost peer fails, not hangs
+    )
+    import keras
+    import numpy as np
+
+    try:
+        local = args.batch_size // processes
+        for job in jobs:
+            model = job["build"]()
+            model.set_weights(job["initial"])
+            compile_model(model, args)
+            parallel = torch.nn.parallel.DistributedDataParallel(model)
+            losses = []
+            start = time.perf_counter()
+            for step in range(args.steps):
+                first = step * args.batch_size + rank * local
+                rows = operator.itemgetter(slice(first, first + local))
+                x, y = keras.tree.map_structure(rows, (job["x"], job["y"]))
+                y_pred = parallel(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred)
+                model.zero_grad()
+                loss.backward()  # DDP averages the gradients over ranks
+                variables = model.trainable_variables
+                with torch.no_grad():
+                    model.optimizer.apply(
+                        [v.value.grad for v in variables], variables
+                    )
+                total = loss.detach().clone()
+                dist.all_reduce(total)  # the sum of the processes' losses
+                losses.append(total.item() / processes)
+            seconds = time.perf_counter() - start
+            if rank == 0:
+                np.savez(
+                    Path(folder) / f"{job['name']}.npz",
+                    losses=np.cumsum(losses) / np.arange(1, args.steps + 1),
+                    seconds=seconds,
+                    **{f"w{i}": w for i, w in enumerate(model.get_weights())},
+                )
+    finally:
+        dist.destroy_process_group()
+
+
+def largest_difference(a, b):
+    import numpy as np
+
+    return max(
+        float(np.max(np.abs(np.asarray(u) - np.asarray(v))))
+        for u, v in zip(a, b, strict=True)
+    )
+
+
+def engine_and_devices(backend, args):
+    """The engine's name, its device names and the TensorFlow strategy."""
+    if backend == "jax":
+        import keras
+
+        return "keras.distribution", keras.distribution.list_devices(), None
+    if backend == "tensorflow":
+        strategy = mirrored_strategy(args.simulate_devices)
+        devices = strategy.extended.worker_devices
+        return "tf.distribute.MirroredStrategy", devices, strategy
+    import torch
+
+    count = args.simulate_devices or torch.cuda.device_count() or 1
+    if args.batch_size % count:
+        raise ValueError(
+            f"--batch-size {args.batch_size} must be a multiple of the "
+            f"{count} processes"
+        )
+    devices = [f"process {rank}" for rank in range(count)]
+    return "torch.nn.parallel.DistributedDataParallel", devices, None
 
 
 def main(argv=None):
@@ -226,112 +406,77 @@ def main(argv=None):
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if backend == "torch":
-        import torch  # noqa: F401  (before tensorflow, see the tests)
+        import torch  # noqa: F401  (before tensorflow, which can crash it)
     import keras
-    import numpy as np
 
-    supported = keras.backend.backend() == "jax"
-    devices = keras.distribution.list_devices() if supported else []
+    engine, devices, strategy = engine_and_devices(backend, args)
     print(
-        f"keras_attention distributed training on {keras.backend.backend()}"
+        f"keras_attention distributed training on {backend} with {engine}"
         f" (Keras {keras.__version__})"
     )
-    summary = {
-        "backend": keras.backend.backend(),
-        "distribution_supported": supported,
-        "devices": len(devices),
-        "models": {},
-    }
-    if supported:
-        print(f"{len(devices)} devices: {', '.join(devices)}")
-        if len(devices) < 2:
-            print(
-                "only one device: the distributed runs equal the baseline "
-                "(use --simulate-devices 8 on a CPU)"
-            )
-    else:
+    print(f"{len(devices)} devices: {', '.join(devices)}")
+    if len(devices) < 2:
         print(
-            f"The Keras distribution API (keras.distribution) is not "
-            f"implemented for the {keras.backend.backend()} backend in Keras "
-            f"{keras.__version__} (JAX only; TensorFlow has an unfinished "
-            "DTensor prototype that lays out nothing, PyTorch none). "
-            "Training the single-device baseline only."
+            "only one device: the distributed runs equal the baseline "
+            "(use --simulate-devices on a CPU)"
         )
-    if args.simulate_devices and keras.backend.backend() != "jax":
-        print("--simulate-devices applies to JAX only; ignored")
-    shards = args.model_shards
-    if supported and len(devices) % shards:
-        shards = 1
     tasks = {"gpt": gpt_task, "nmt": nmt_task}
-    ok = True
+    jobs = []
     for name in args.models.split(","):
         build, x, y = tasks[name](args)
         keras.utils.set_random_seed(args.seed)
         initial = build().get_weights()
-        runs = {}
-        _, base_losses, base_weights, seconds = train(
-            build, x, y, initial, args
+        jobs.append(
+            {"name": name, "build": build, "x": x, "y": y, "initial": initial}
         )
-        runs["single device"] = {"seconds": round(seconds, 2)}
+    if backend == "torch":
+        ddp = torch_runs(jobs, args, len(devices))
+    summary = {
+        "backend": backend,
+        "engine": engine,
+        "devices": len(devices),
+        "models": {},
+    }
+    ok = True
+    for job in jobs:
+        _, base_losses, base_weights, seconds = train(job, args)
+        runs = {"single device": {"seconds": round(seconds, 2)}}
         print(
-            f"\n{name}: {args.steps} steps of {args.batch_size} examples; "
-            f"single device: loss {base_losses[0]:.4f} -> "
+            f"\n{job['name']}: {args.steps} steps of {args.batch_size} "
+            f"examples; single device: loss {base_losses[0]:.4f} -> "
             f"{base_losses[-1]:.4f} ({seconds:.1f} s)"
         )
-        if supported:
-            mesh = keras.distribution.DeviceMesh(
-                (len(devices) // shards, shards), ("batch", "model"), devices
-            )
-            layout_map = keras.distribution.LayoutMap(mesh)
-            for pattern, layout in LAYOUTS.items():
-                layout_map[pattern] = layout
-            distributions = {
-                "data parallel": keras.distribution.DataParallel(
-                    devices=devices
-                ),
-                "model parallel": keras.distribution.ModelParallel(
-                    layout_map=layout_map, batch_dim_name="batch"
-                ),
+        if backend == "jax":
+            distributed = jax_runs(job, args, devices)
+        elif backend == "tensorflow":
+            distributed = mirrored_runs(job, args, strategy)
+        else:
+            distributed = ddp[job["name"]]
+        for label, (losses, weights, seconds, sharded) in distributed.items():
+            loss_difference = largest_difference(losses, base_losses)
+            weight_difference = largest_difference(weights, base_weights)
+            runs[label] = {
+                "seconds": round(seconds, 2),
+                "max_loss_difference": loss_difference,
+                "max_weight_difference": weight_difference,
+                "sharded_variables": len(sharded),
             }
-            for label, distribution in distributions.items():
-                model, losses, weights, seconds = train(
-                    build, x, y, initial, args, distribution
-                )
-                loss_difference = float(np.max(np.abs(losses - base_losses)))
-                weight_difference = max(
-                    float(np.max(np.abs(a - b)))
-                    for a, b in zip(weights, base_weights, strict=True)
-                )
-                sharded = layouts(model)
-                runs[label] = {
-                    "seconds": round(seconds, 2),
-                    "max_loss_difference": loss_difference,
-                    "max_weight_difference": weight_difference,
-                    "sharded_variables": len(sharded),
-                }
-                ok = ok and loss_difference <= args.tolerance
-                mesh_text = (
-                    f"mesh {len(devices)} devices"
-                    if label == "data parallel"
-                    else f"mesh (batch {len(devices) // shards}, model "
-                    f"{shards})"
-                )
-                print(
-                    f"  {label:14s} ({mesh_text}): loss {losses[0]:.4f} -> "
-                    f"{losses[-1]:.4f} ({seconds:.1f} s); max |loss - "
-                    f"single device| = {loss_difference:.2e}, max |weight "
-                    f"difference| = {weight_difference:.2e}, "
-                    f"{len(sharded)} variables sharded"
-                )
-                for path, spec in list(sharded.items())[:4]:
-                    print(f"      {path}: {spec}")
-        summary["models"][name] = {
+            ok = ok and loss_difference <= args.tolerance
+            print(
+                f"  {label}: loss {losses[0]:.4f} -> {losses[-1]:.4f} "
+                f"({seconds:.1f} s); max |loss - single device| = "
+                f"{loss_difference:.2e}, max |weight difference| = "
+                f"{weight_difference:.2e}, {len(sharded)} variables sharded"
+            )
+            for path, spec in list(sharded.items())[:4]:
+                print(f"      {path}: {spec}")
+        summary["models"][job["name"]] = {
             "steps": args.steps,
             "batch_size": args.batch_size,
             "baseline_losses": [float(v) for v in base_losses],
             "runs": runs,
         }
-    summary["losses_match"] = ok
+    summary["matches_single_device"] = ok
     output = Path(args.output) / "distributed"
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(summary, indent=2))
@@ -341,4 +486,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    sys.exit(0 if main()["losses_match"] else 1)
+    sys.exit(0 if main()["matches_single_device"] else 1)

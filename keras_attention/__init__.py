@@ -4,15 +4,16 @@ Bahdanau and Luong attention for RNN decoders and the Transformer's
 attention layers and blocks, as Keras 3 layers that run on TensorFlow,
 JAX and PyTorch.
 
-The submodules `functional` and `decoding` are imported with the package;
-`datasets` and `visualization`, which serve optional extras, are imported
-on first use (`keras_attention.visualization.plot_attention(...)`). The
-package imports without matplotlib, Babel or num2words; only the
-functions that need one of them ask for it.
+The submodules `functional`, `decoding` and `convert` are imported with
+the package; `datasets` and `visualization`, which serve optional extras,
+are imported on first use (`keras_attention.visualization.plot_attention(
+...)`). The package imports without matplotlib, Babel, num2words or
+keras-hub; only the functions that need one of them ask for it.
 """
 
 import importlib as _importlib
 
+from keras_attention import convert as convert
 from keras_attention import decoding as decoding
 from keras_attention import functional as functional
 from keras_attention.layers import AttentionDecoder as AttentionDecoder
@@ -53,6 +54,7 @@ __all__ = [
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
     "__version__",
+    "convert",
     "datasets",
     "decoding",
     "functional",

@@ -12,6 +12,7 @@ import keras
 import pytest
 
 import keras_attention
+from keras_attention import convert
 from keras_attention import datasets
 from keras_attention import decoding
 from keras_attention import functional
@@ -29,6 +30,7 @@ from keras_attention.layers import transformer_decoder_block
 from keras_attention.layers import transformer_encoder_block
 
 MODULE_FUNCTIONS = {
+    convert: ["from_keras", "replace_transformer_layers", "to_keras"],
     decoding: [
         "beam_search",
         "clear_compiled_programs",
@@ -52,7 +54,7 @@ LAYER_CLASSES = [
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
 ]
-SUBMODULES = ["datasets", "decoding", "functional", "visualization"]
+SUBMODULES = ["convert", "datasets", "decoding", "functional", "visualization"]
 PUBLIC_NAMES = [*LAYER_CLASSES, "__version__", *SUBMODULES]
 PUBLIC_FUNCTIONS = [
     "additive_score",
@@ -72,6 +74,7 @@ PUBLIC_FUNCTIONS = [
     "structure_mask",
 ]
 DOCTESTED_MODULES = [
+    convert,
     functional,
     decoding,
     visualization,
