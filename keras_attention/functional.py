@@ -89,8 +89,10 @@ def causal_mask(query_length, key_length, offset=0):
         [[ True False False]
          [ True  True False]]
     """
-    rows = ops.expand_dims(ops.arange(query_length), 1) + offset  # (T, 1)
-    cols = ops.expand_dims(ops.arange(key_length), 0)  # (1, S)
+    # `arange(0, n)` rather than `arange(n)` throughout: jax2onnx (ONNX
+    # export from JAX) misreads the one-argument form.
+    rows = ops.expand_dims(ops.arange(0, query_length), 1) + offset  # (T, 1)
+    cols = ops.expand_dims(ops.arange(0, key_length), 0)  # (1, S)
     return ops.greater_equal(rows, cols)  # (T, S)
 
 
@@ -185,7 +187,7 @@ def segment_positions(segment_ids):
             f"Received: segment_ids.shape={tuple(ids.shape)}, dtype={dtype}"
         )
     index = ops.broadcast_to(
-        ops.arange(ops.shape(ids)[1], dtype="int32"), ops.shape(ids)
+        ops.arange(0, ops.shape(ids)[1], dtype="int32"), ops.shape(ids)
     )  # (B, T)
     # Compared in their own dtype: wide ids do not wrap into equal ones.
     changed = ops.not_equal(ids[:, 1:], ids[:, :-1])  # (B, T - 1)
@@ -231,7 +233,7 @@ def position_angles(length, dim: int, start_index=0, max_wavelength=1e4):
         [[1.   0.01]
          [2.   0.02]]
     """
-    positions = ops.cast(ops.arange(length), "float32") + ops.cast(
+    positions = ops.cast(ops.arange(0, length), "float32") + ops.cast(
         start_index, "float32"
     )  # (T,)
     exponents = ops.arange(0, dim, 2, dtype="float32") / dim  # (⌈D/2⌉,)
@@ -450,10 +452,9 @@ def monotonic_attention(p_choose, previous_alignment, mode="parallel"):
         steps = (ops.moveaxis(decay, -1, 0), ops.moveaxis(previous, -1, 0))
 
         def step(carry, inputs):
-            carry = inputs[0] * carry + inputs[1]
-            return carry, carry
+            return inputs[0] * carry + inputs[1]
 
-        _, q = ops.scan(step, ops.zeros_like(p_choose[..., 0]), steps)
+        q = _kernels.scan_carries(step, ops.zeros_like(p_choose[..., 0]), steps)
         return p_choose * ops.moveaxis(q, 0, -1)
     if mode == "parallel":
         cumprod = _exclusive_cumprod(1.0 - p_choose)

@@ -30,10 +30,13 @@ import functools
 import keras
 
 from keras_attention._kernels import fused
+from keras_attention._kernels import runtime
 from keras_attention._kernels import structure as structure
 from keras_attention._kernels.cache import update_kv_cache as update_kv_cache
 from keras_attention._kernels.chunked import chunked_attention
 from keras_attention._kernels.fused import fused_attention
+from keras_attention._kernels.runtime import scan_carries as scan_carries
+from keras_attention._kernels.runtime import static_dim as static_dim
 from keras_attention._kernels.runtime import static_int as static_int
 
 CHUNK_SIZE = 256  # query and key rows per block of the chunked path
@@ -104,6 +107,11 @@ def choose(query, key, value=None, weights=False, structure=None):
         reason = "the weights are requested; only the reference computes them"
         return "reference", {"fused": reason, "chunked": reason}
     refused = {}
+    if runtime.is_exporting():
+        # PyTorch's ONNX exporters do not translate every option of its
+        # kernel (grouped-query heads); the reference math exports.
+        reason = "PyTorch is tracing or exporting the program"
+        return "reference", {"fused": reason, "chunked": reason}
     if _has_fused_kernel():
         reason = None if value is None else fused.refusal(query, value)
         if structure is not None and structure.soft_cap is not None:
@@ -116,7 +124,8 @@ def choose(query, key, value=None, weights=False, structure=None):
         )
         return "reference", refused
     refused["fused"] = f"no fused kernel on {_device()}"
-    query_length, key_length = query.shape[1], key.shape[1]
+    query_length = runtime.static_dim(query.shape[1])
+    key_length = runtime.static_dim(key.shape[1])
     if query_length is None or key_length is None:
         refused["chunked"] = "the query or key length is not known statically"
     elif query_length < CHUNKED_MIN_LENGTH:
@@ -158,7 +167,8 @@ def attention(query, key, value, mask, structure, scale, reference):
         The output, `(B, T, V)` or `(B, T, N, V)`.
     """
     path = choose(query, key, value, structure=structure)[0]
-    if path == "chunked" and None in (query.shape[1], key.shape[1]):
+    lengths = (query.shape[1], key.shape[1])
+    if path == "chunked" and None in map(runtime.static_dim, lengths):
         path = "reference"  # a forced chunked path needs known lengths
     return PATHS[path](query, key, value, mask, structure, scale, reference)
 

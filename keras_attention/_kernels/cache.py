@@ -18,37 +18,34 @@ def update_kv_cache(cache, key, value, index):
     are views of it) is cheapest there; under XLA, slicing the halves back
     out of an updated cache inside a decoding loop costs another copy of
     the cache per step, so the halves are updated apart and stacked for the
-    returned cache.
+    returned cache. TensorFlow writes with a `where` over the cache slots:
+    its `DynamicUpdateSlice` op has no gradient there and no ONNX
+    conversion (tf2onnx).
     """
     key = ops.cast(key, cache.dtype)
     value = ops.cast(value, cache.dtype)
-    if keras.backend.backend() == "torch":
+    backend = keras.backend.backend()
+    if backend == "torch":
         update = ops.stack([key, value], axis=1)  # (B, 2, T, K, H)
         cache = ops.slice_update(cache, (0, 0, index, 0, 0), update)
         return cache, cache[:, 0], cache[:, 1]
-    keys = _slice_update(cache[:, 0], (0, index, 0, 0), key)
-    values = _slice_update(cache[:, 1], (0, index, 0, 0), value)
+    write = _where_update if backend == "tensorflow" else _slice_update
+    keys = write(cache[:, 0], key, index)  # (B, S_max, K, H)
+    values = write(cache[:, 1], value, index)  # (B, S_max, K, H)
     return ops.stack([keys, values], axis=1), keys, values
 
 
-def _slice_update(tensor, start, update):
-    """`ops.slice_update`, differentiable on TensorFlow too: its XLA
-    `DynamicUpdateSlice` op has no registered gradient there."""
-    if keras.backend.backend() != "tensorflow":
-        return ops.slice_update(tensor, start, update)
-    import tensorflow as tf
+def _slice_update(tensor, update, index):
+    return ops.slice_update(tensor, (0, index, 0, 0), update)
 
-    begin = tf.stack([tf.cast(i, "int32") for i in start])
 
-    @tf.custom_gradient
-    def updated(tensor, update):
-        def grad(upstream):
-            into_update = tf.slice(upstream, begin, tf.shape(update))
-            into_tensor = ops.slice_update(
-                upstream, start, tf.zeros_like(update)
-            )
-            return into_tensor, into_update
-
-        return ops.slice_update(tensor, start, update), grad
-
-    return updated(tensor, update)
+def _where_update(tensor, update, index):
+    """`tensor` `(B, S_max, K, H)` with rows `index ... index + T - 1`
+    replaced by those of `update` `(B, T, K, H)`."""
+    length = ops.shape(update)[1]
+    offsets = ops.arange(0, ops.shape(tensor)[1]) - ops.cast(index, "int32")
+    inside = ops.logical_and(offsets >= 0, offsets < length)  # (S_max,)
+    rows = ops.take(
+        update, ops.clip(offsets, 0, length - 1), axis=1
+    )  # (B, S_max, K, H)
+    return ops.where(inside[None, :, None, None], rows, tensor)

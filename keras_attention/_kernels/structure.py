@@ -22,6 +22,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._kernels.runtime import is_symbolic_dim
+from keras_attention._kernels.runtime import static_dim
+
 ALIGNMENTS = ("top_left", "bottom_right")
 # A band bound this wide reaches every key of any sequence that fits in
 # memory; kept as a number, `p + right` could overflow int32 positions.
@@ -93,8 +96,8 @@ class Structure:
         """The ALiBi bias `(1, N, T, S)`, or `None` without ALiBi."""
         if not self.alibi:
             return None
-        rows = ops.expand_dims(ops.arange(query_length), 1)  # (T, 1)
-        cols = ops.expand_dims(ops.arange(key_length), 0)  # (1, S)
+        rows = ops.expand_dims(ops.arange(0, query_length), 1)  # (T, 1)
+        cols = ops.expand_dims(ops.arange(0, key_length), 0)  # (1, S)
         return ops.expand_dims(self.alibi_bias(num_heads, rows, cols), 0)
 
     def band_visible(self, rows, cols):
@@ -113,8 +116,8 @@ class Structure:
         """The structure as a boolean `(B|1, T, S)` mask, or `None`."""
         visible = None
         if self.has_band:
-            rows = ops.expand_dims(ops.arange(query_length), 1)  # (T, 1)
-            cols = ops.expand_dims(ops.arange(key_length), 0)  # (1, S)
+            rows = ops.expand_dims(ops.arange(0, query_length), 1)  # (T, 1)
+            cols = ops.expand_dims(ops.arange(0, key_length), 0)  # (1, S)
             visible = ops.expand_dims(self.band_visible(rows, cols), 0)
         if self.has_segments:
             same = segments_visible(
@@ -189,10 +192,11 @@ def normalize(
 def lengths(query, key):
     """`(B, T, S)` of a call: static where known, else scalar tensors
     (the batch stays `None`; it only checks shapes)."""
-    query_length, key_length = query.shape[1], key.shape[1]
+    query_length = static_dim(query.shape[1])
+    key_length = static_dim(key.shape[1])
     if query_length is None or key_length is None:
         query_length, key_length = ops.shape(query)[1], ops.shape(key)[1]
-    return query.shape[0], query_length, key_length
+    return static_dim(query.shape[0]), query_length, key_length
 
 
 def _alignment(where, is_causal):
@@ -253,8 +257,8 @@ def _segments(where, query_shape, key_shape, segment_ids):
             host_integers(where, "segment_ids", ids_)
             ids_ = ops.convert_to_tensor(ids_)
         dtype = keras.backend.standardize_dtype(ids_.dtype)
-        expected = tuple(d if isinstance(d, int) else None for d in expected)
-        shape = tuple(ids_.shape)
+        expected = tuple(static_dim(d) for d in expected)
+        shape = tuple(static_dim(d) for d in ids_.shape)
         if "int" not in dtype or not _matches(shape, expected):
             raise ValueError(
                 f"{where}: `segment_ids` for the {name} must be integers of "
@@ -312,8 +316,9 @@ def host_integers(where, name, value):
 
 def _check_length(where, name, length):
     """A length given as a number (to `structure_mask`) is an int >= 0;
-    `None` and tensors (lengths known when the call runs) pass."""
-    if length is None or is_tensor(length):
+    `None`, tensors and symbolic dims (lengths known when the call runs)
+    pass."""
+    if length is None or is_tensor(length) or is_symbolic_dim(length):
         return
     if isinstance(length, np.ndarray) and length.ndim == 0:
         length = length.item()

@@ -8,10 +8,13 @@ De encoder dim, U cell units, A attentional state dim.
 import keras
 from keras import ops
 
+from keras_attention import _kernels
 from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.sublayers import dtype_config
 from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import policy_for
 
 _FLOWS = ("bahdanau", "luong")
 
@@ -51,6 +54,10 @@ class AttentionDecoder(keras.layers.Layer):
     supported; put `Dropout` on the decoder's inputs and outputs. For
     step-by-step inference use `get_initial_state` and `step`, which
     `keras_attention.decoding` drives.
+
+    `Model.quantize("int8")` quantizes `W_c` and the attention's
+    projections; the RNN cell's kernels are not quantizable in Keras
+    (its cells have no `quantize`) and stay in the variable dtype.
 
     Args:
         cell (keras.layers.Layer): A Keras RNN cell (`GRUCell`, `LSTMCell`,
@@ -187,7 +194,7 @@ class AttentionDecoder(keras.layers.Layer):
                 self._feed_dim,
                 activation="tanh",
                 use_bias=False,
-                dtype=self.dtype_policy,
+                dtype=policy_for(self, "attention_projection"),
                 name="attention_projection",
             )
             self.attention_projection.build((batch, context_dim + units))
@@ -224,8 +231,8 @@ class AttentionDecoder(keras.layers.Layer):
         )
         keys = state.pop("keys")  # constant: kept out of the loop carry
         batch, source_length = ops.shape(encoder_outputs)[:2]
-        # The step's outputs ride in the carry, which is also what is
-        # stacked: Keras's TensorFlow scan needs outputs shaped as the carry.
+        # The step's outputs ride in the carry, which is what is stacked
+        # (`scan_carries`: a loop that exports to ONNX from TensorFlow).
         init = {
             **state,
             "output": ops.zeros((batch, self.output_dim), self.compute_dtype),
@@ -258,10 +265,10 @@ class AttentionDecoder(keras.layers.Layer):
             carry = keras.tree.map_structure(
                 lambda new, old: ops.cast(new, old.dtype), carry, init
             )
-            return carry, carry
+            return carry
 
         state_keys = tuple(state)
-        _, stacked = ops.scan(scan_step, init, steps)
+        stacked = _kernels.scan_carries(scan_step, init, steps)
         outputs = ops.transpose(stacked["output"], (1, 0, 2))  # (B, T, U|A)
         alignments = stacked["alignment"]  # (T, B, S)
         if return_attention_scores:
@@ -304,7 +311,7 @@ class AttentionDecoder(keras.layers.Layer):
                 "input_feeding": self.input_feeding,
             }
         )
-        return config
+        return dtype_config(self, config)
 
     @property
     def output_dim(self) -> int:

@@ -7,9 +7,12 @@ Dq query dim, Dk key dim, Dv value dim, U units of a projection.
 import keras
 from keras import ops
 
+from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention.layers import checks
+from keras_attention.layers.sublayers import dtype_config
 from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import policy_for
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -89,7 +92,9 @@ class AttentionMechanism(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
         self._dropout_layer = keras.layers.Dropout(
-            dropout, dtype=self.dtype_policy, name="attention_dropout"
+            dropout,
+            dtype=policy_for(self, "attention_dropout"),
+            name="attention_dropout",
         )
 
     def build(self, query_shape, value_shape, key_shape=None):
@@ -166,7 +171,7 @@ class AttentionMechanism(keras.layers.Layer):
                 ),
             }
         )
-        return config
+        return dtype_config(self, config)
 
     def project_keys(self, key):
         """The query-independent part of the score, once per source.
@@ -357,14 +362,13 @@ class AttentionMechanism(keras.layers.Layer):
                 "context": context,
                 "weights": weights,
             }
-            # Keras's TensorFlow scan stacks the carry (outputs must be
-            # shaped as it) and keeps its dtypes.
+            # The carry is what is stacked; it keeps its dtypes.
             carry = keras.tree.map_structure(
                 lambda new, old: ops.cast(new, old.dtype), carry, init
             )
-            return carry, carry
+            return carry
 
-        _, stacked = ops.scan(step, init, steps)
+        stacked = _kernels.scan_carries(step, init, steps)
         context = ops.transpose(stacked["context"], (1, 0, 2))  # (B, T, Dv)
         weights = ops.transpose(stacked["weights"], (1, 0, 2))  # (B, T, S)
         return context, weights

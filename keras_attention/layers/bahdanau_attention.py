@@ -13,6 +13,7 @@ from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import policy_for
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -35,6 +36,10 @@ class BahdanauAttention(AttentionMechanism):
 
     $$e_j = g \\frac{v_a^\\top}{\\lVert v_a \\rVert}
     \\tanh(W_a s + U_a h_j + b)$$
+
+    `Model.quantize("int8")` quantizes the projections `W_a`
+    (`query_dense`) and `U_a` (`key_dense`); `v_a`, `g` and `b` are raw
+    weights, not quantizable, and stay in the variable dtype.
 
     Args:
         units: Size U of the shared projection space.
@@ -100,14 +105,14 @@ class BahdanauAttention(AttentionMechanism):
             units,
             use_bias=False,
             kernel_initializer=fresh(self.kernel_initializer),
-            dtype=self.dtype_policy,
+            dtype=policy_for(self, "query_dense"),
             name="query_dense",
         )
         self.key_dense = keras.layers.Dense(
             units,
             use_bias=False,
             kernel_initializer=fresh(self.kernel_initializer),
-            dtype=self.dtype_policy,
+            dtype=policy_for(self, "key_dense"),
             name="key_dense",
         )
 

@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention import functional
+from keras_attention._kernels import static_dim
 from keras_attention._kernels import static_int
 from keras_attention._kernels import structure
 
@@ -57,6 +58,7 @@ def check_index_range(where, name, index, length, limit, what):
     Returns the index to use: a Python int when it is known.
     """
     value = static_int(index)
+    length, limit = static_dim(length), static_dim(limit)
     if limit is None:
         return index
     if length is not None and length > limit:
@@ -103,10 +105,10 @@ def check_shape(where: str, name: str, tensor, expected):
     """
     if tensor is None:
         return
-    shape = tuple(tensor.shape)
+    shape = tuple(static_dim(d) for d in tensor.shape)
     ok = len(shape) == len(expected) and all(
         a is None or b is None or a == b
-        for a, b in zip(shape, expected, strict=True)
+        for a, b in zip(shape, map(static_dim, expected), strict=True)
     )
     if not ok:
         raise ValueError(
@@ -122,7 +124,7 @@ def check_batch_and_length(where: str, query_shape, value_shape, key_shape):
         (key_shape[0], value_shape[0]),
         (key_shape[1], value_shape[1]),
     ]
-    for a, b in pairs:
+    for a, b in (map(static_dim, pair) for pair in pairs):
         if a is not None and b is not None and a != b:
             raise ValueError(
                 f"{where}: the batch sizes of `query`, `key` and `value` and "
@@ -163,8 +165,8 @@ def explicit_positions(where, inputs, positions, segment_ids, start_index=0):
         structure.host_integers(where, name, given)
         given = ops.convert_to_tensor(given)
     dtype = keras.backend.standardize_dtype(given.dtype)
-    expected = (inputs.shape[0], inputs.shape[1])
-    shape = tuple(given.shape)
+    expected = (static_dim(inputs.shape[0]), static_dim(inputs.shape[1]))
+    shape = tuple(static_dim(d) for d in given.shape)
     if (
         "int" not in dtype
         or len(shape) != 2

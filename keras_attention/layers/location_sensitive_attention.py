@@ -13,6 +13,7 @@ from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import policy_for
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -35,6 +36,10 @@ class LocationSensitiveAttention(AttentionMechanism):
     `smoothing=True` they are `σ(e_j) / Σ_k σ(e_k)` instead, which lets
     several positions be selected at once (Chorowski et al. 2015). The
     alignments start at zero.
+
+    `Model.quantize("int8")` quantizes the `W`, `V` and `U` projections;
+    the convolution kernel `F`, `v` and `b` are raw weights, not
+    quantizable, and stay in the variable dtype.
 
     Args:
         units: Size U of the shared projection space.
@@ -205,6 +210,6 @@ class LocationSensitiveAttention(AttentionMechanism):
             self.units,
             use_bias=False,
             kernel_initializer=fresh(self.kernel_initializer),
-            dtype=self.dtype_policy,
+            dtype=policy_for(self, name),
             name=name,
         )

@@ -11,6 +11,7 @@ from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import policy_for
 
 _SCORES = ("dot", "general", "concat")
 
@@ -189,7 +190,7 @@ class LuongAttention(AttentionMechanism):
             units,
             use_bias=False,
             kernel_initializer=fresh(self.kernel_initializer),
-            dtype=self.dtype_policy,
+            dtype=policy_for(self, name),
             name=name,
         )
         layer.build((None, None, input_dim))

@@ -14,6 +14,7 @@ from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.bahdanau_attention import BahdanauAttention
 from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.layers.sublayers import fresh
+from keras_attention.layers.sublayers import policy_for
 
 _SCORES = ("bahdanau", "luong")
 _MODES = ("parallel", "recursive", "hard")
@@ -178,7 +179,7 @@ class MonotonicAttention(AttentionMechanism):
                 units,
                 normalize=normalize,
                 kernel_initializer=fresh(self.kernel_initializer),
-                dtype=self.dtype_policy,
+                dtype=policy_for(self, "bahdanau_score"),
                 name="bahdanau_score",
             )
         else:
@@ -186,7 +187,7 @@ class MonotonicAttention(AttentionMechanism):
                 "general",
                 scale=scale,
                 kernel_initializer=fresh(self.kernel_initializer),
-                dtype=self.dtype_policy,
+                dtype=policy_for(self, "luong_score"),
                 name="luong_score",
             )
         self._noise_seed = None

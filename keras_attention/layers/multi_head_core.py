@@ -10,9 +10,11 @@ from keras_attention import _explain
 from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention.layers import checks
+from keras_attention.layers import sublayers
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import policy_for
 
 
 class MultiHeadCore(keras.layers.Layer):
@@ -91,7 +93,7 @@ class MultiHeadCore(keras.layers.Layer):
                 "use_qk_norm": self.use_qk_norm,
             }
         )
-        return config
+        return sublayers.dtype_config(self, config)
 
     @property
     def kv_heads(self) -> int:
@@ -170,6 +172,76 @@ class MultiHeadCore(keras.layers.Layer):
             dropout or return_attention_scores,
             reason,
         )
+
+    def enable_lora(
+        self,
+        rank: int,
+        lora_alpha: float | None = None,
+        a_initializer="he_uniform",
+        b_initializer="zeros",
+        targets: str | list[str] | tuple[str, ...] = (
+            "query_dense",
+            "value_dense",
+        ),
+    ) -> None:
+        """Adds LoRA adapters to projections and freezes everything else.
+
+        LoRA (Hu et al., 2021) learns a low-rank update of a frozen
+        kernel, $W + \\frac{\\alpha}{r} A B$ with $A$ of shape
+        `(in, r)` and $B$ `(r, out)`, for each projection in `targets`
+        (`"query_dense"`, `"key_dense"`, `"value_dense"`,
+        `"output_dense"`; the query and value projections by default, as
+        in the paper). Each projection delegates to Keras's
+        `EinsumDense.enable_lora`; every other weight of the layer
+        becomes non-trainable, so `trainable_weights` are the adapters.
+        Saving (`.keras`, `save_weights`) stores the merged kernels.
+
+        Args:
+            rank: int. The rank $r$ of the update.
+            lora_alpha: float. The scale $\\alpha$. Defaults to `rank`.
+            a_initializer: Initializer of $A$. Defaults to `"he_uniform"`.
+            b_initializer: Initializer of $B$. Defaults to `"zeros"`, so
+                the layer starts from the frozen kernel's outputs.
+            targets: str or list of str. The projections to adapt.
+                Defaults to `("query_dense", "value_dense")`.
+
+        References:
+            - [Hu et al., 2021](https://arxiv.org/abs/2106.09685)
+        """
+        names = ("query_dense", "key_dense", "value_dense", "output_dense")
+        projections = {name: [getattr(self, name, None)] for name in names}
+        sublayers.enable_lora(
+            self,
+            projections,
+            rank,
+            lora_alpha,
+            a_initializer,
+            b_initializer,
+            targets,
+        )
+
+    def save_lora_weights(self, filepath: str) -> None:
+        """Writes the LoRA adapters, and nothing else, to `filepath`.
+
+        A small NumPy `.npz` file keyed by each adapter's path below this
+        layer, so it loads into a layer of another name. Pair it with the
+        base model's own weights; `.keras` files store merged kernels.
+
+        Args:
+            filepath: str. Where to write.
+        """
+        sublayers.save_lora_weights(self, filepath)
+
+    def load_lora_weights(self, filepath: str) -> None:
+        """Sets the LoRA adapters from a `save_lora_weights` file.
+
+        Enable LoRA first with the `rank` and `targets` they were saved
+        with; a different set of adapters or shape raises a `ValueError`.
+
+        Args:
+            filepath: str. A file written by `save_lora_weights`.
+        """
+        sublayers.load_lora_weights(self, filepath)
 
     def _where(self):
         return f"{type(self).__name__} (layer '{self.name}')"
@@ -252,11 +324,15 @@ class MultiHeadCore(keras.layers.Layer):
         if self.use_rotary:
             self.rotary_embedding = RotaryEmbedding(
                 self.max_wavelength,
-                dtype=self.dtype_policy,
+                dtype=policy_for(self, "rotary_embedding"),
                 name="rotary_embedding",
             )
+            # Built now: `Model.quantize` refuses an unbuilt leaf.
+            self.rotary_embedding.build((None, None, n, h))
         self.attention_dropout = keras.layers.Dropout(
-            self.dropout, dtype=self.dtype_policy, name="attention_dropout"
+            self.dropout,
+            dtype=policy_for(self, "attention_dropout"),
+            name="attention_dropout",
         )
 
     def _check_input_shapes(
@@ -281,7 +357,7 @@ class MultiHeadCore(keras.layers.Layer):
             bias_axes=bias_axes if self.use_bias else None,
             kernel_initializer=fresh(self.kernel_initializer),
             bias_initializer=fresh(self.bias_initializer),
-            dtype=self.dtype_policy,
+            dtype=policy_for(self, name),
             name=name,
         )
         # Masks are handled by this layer; the projections only pass the
@@ -294,7 +370,7 @@ class MultiHeadCore(keras.layers.Layer):
         """RMS normalisation over the head dim, one learned scale per
         feature shared by the heads."""
         layer = keras.layers.RMSNormalization(
-            epsilon=1e-6, dtype=self.dtype_policy, name=name
+            epsilon=1e-6, dtype=policy_for(self, name), name=name
         )
         layer.build(input_shape)
         return layer

@@ -47,6 +47,11 @@ class MultiHeadSelfAttention(MultiHeadCore):
     makes one when `max_length` exceeds the window (as in Mistral, Jiang
     et al. 2023).
 
+    The four projections are `EinsumDense` sublayers (`query_dense`,
+    `key_dense`, `value_dense`, `output_dense`): `Model.quantize("int8")`
+    quantizes them (a reloaded `.keras` file keeps them quantized), and
+    `enable_lora` adds low-rank adapters to chosen ones (Hu et al., 2021).
+
     Args:
         num_heads (int): Number of query heads N.
         key_dim (int): Head dim H of queries and keys. Defaults to
@@ -282,7 +287,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
         # new tokens are the last of the written keys (bottom-right
         # alignment): query i stands at position cache_index + i.
         last = cache_index + ops.shape(inputs)[1]
-        written = ops.expand_dims(ops.arange(max_length) < last, 0)  # (1, S)
+        slots = ops.arange(0, max_length)  # (S_max,)
+        written = ops.expand_dims(slots < last, 0)  # (1, S_max)
         full_mask = functional.merge_masks(
             ops.expand_dims(written, 0),  # (1, 1, S_max)
             functional.padding_to_attention_mask(padding_mask),

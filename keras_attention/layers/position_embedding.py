@@ -109,11 +109,19 @@ class PositionEmbedding(keras.layers.Layer):
             "the table of `max_length`",
         )
         length = ops.shape(inputs)[1]
-        positions = ops.slice(
-            ops.convert_to_tensor(self.embeddings),
-            (start_index, 0),
-            (length, inputs.shape[-1]),
-        )  # (T, D)
+        table = ops.convert_to_tensor(self.embeddings)
+        if (
+            checks.static_dim(inputs.shape[1]) is None
+            or checks.static_int(start_index) is None
+        ):
+            # Slicing at a traced start or to a symbolic length (export)
+            # compares them with the table's length: gather the rows.
+            rows = start_index + ops.arange(0, length)  # (T,)
+            positions = ops.take(table, rows, axis=0)  # (T, D)
+        else:
+            positions = ops.slice(
+                table, (start_index, 0), (length, inputs.shape[-1])
+            )  # (T, D)
         return inputs + ops.cast(positions, inputs.dtype)
 
     def compute_output_shape(self, inputs_shape):

@@ -1,7 +1,10 @@
 """Creating and calling a layer's own sublayers.
 
 `fresh` gives each weight its own copy of an initializer. `invoke` calls a
-built sublayer without Keras's per-call bookkeeping.
+built sublayer without Keras's per-call bookkeeping. `policy_for` and
+`dtype_config` carry per-sublayer dtype policies (quantized projections)
+through a layer's config; `enable_lora` adds LoRA adapters to chosen
+projections.
 
 `Layer.__call__` converts inputs, opens name and autocast scopes, fills in
 `training` and implicit masks and attaches output masks. Inside one of
@@ -14,6 +17,7 @@ cached step there), so those calls go straight to `call`.
 """
 
 import keras
+import numpy as np
 
 
 def fresh(initializer):
@@ -54,10 +58,10 @@ def invoke(layer, *args, training=None, **kwargs):
 
 
 def _needs_call_machinery(layer) -> bool:
-    policy = layer.dtype_policy
+    # The path-aware properties: a `DTypePolicyMap` reports its default.
     return (
-        policy.quantization_mode is not None
-        or policy.compute_dtype != policy.variable_dtype
+        layer.quantization_mode is not None
+        or layer.compute_dtype != layer.variable_dtype
     )
 
 
@@ -74,3 +78,192 @@ def _ready(layer, args) -> bool:
 
 def _is_dropout(layer) -> bool:
     return isinstance(layer, keras.layers.Dropout)
+
+
+def policy_for(layer, name):
+    """The dtype policy for `layer`'s sublayer `name`.
+
+    A layer re-creates its sublayers from its own config, so a quantized
+    projection would come back in float. `dtype_config` saves the
+    quantized sublayers' policies in a `DTypePolicyMap` keyed by their
+    path below the layer (`"self_attention/query_dense"`); this resolves
+    it here, once, so that sublayers hold concrete policies (Keras's own
+    quantized code paths read `layer.dtype_policy.quantization_mode`).
+    A nested container gets the part of the map below its name. A map
+    keyed by absolute paths (a model-level map, as keras-hub writes) is
+    resolved by the sublayer's path when it is known (in `build`) and
+    passed on otherwise.
+    """
+    policy = layer.dtype_policy
+    if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        return policy
+    entries = {key: policy[key] for key in policy}
+    if name in entries:
+        return entries[name]
+    prefix = f"{name}/"
+    nested = {
+        key[len(prefix) :]: value
+        for key, value in entries.items()
+        if key.startswith(prefix)
+    }
+    if nested:
+        return keras.dtype_policies.DTypePolicyMap(
+            policy.default_policy, {**entries, **nested}
+        )
+    if layer.path:  # in `build`: the sublayer's path is known
+        return policy[f"{layer.path}/{name}"]
+    return policy
+
+
+def dtype_config(layer, config):
+    """`config` with `dtype` a map of the quantized sublayers' policies.
+
+    Unchanged when no sublayer is quantized.
+    """
+    entries = dict(_quantized_policies(layer, ""))
+    if entries:
+        policy = layer.dtype_policy
+        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            policy = policy.default_policy
+        config["dtype"] = keras.dtype_policies.serialize(
+            keras.dtype_policies.DTypePolicyMap(policy, entries)
+        )
+    return config
+
+
+def _quantized_policies(layer, prefix):
+    for sublayer in layer._flatten_layers(include_self=False, recursive=False):
+        path = f"{prefix}{sublayer.name}"
+        if sublayer.quantization_mode is not None:
+            policy = sublayer.dtype_policy
+            if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+                policy = policy[sublayer.path]
+            yield path, policy
+        yield from _quantized_policies(sublayer, f"{path}/")
+
+
+def enable_lora(
+    layer,
+    projections,
+    rank,
+    lora_alpha,
+    a_initializer,
+    b_initializer,
+    targets,
+):
+    """LoRA (Hu et al., 2021) on `layer`'s projections named in `targets`.
+
+    `projections` maps each name a user may target to the `Dense` /
+    `EinsumDense` sublayers it stands for. Every other weight of `layer`
+    is frozen, so the adapters are its only trainable weights.
+    """
+    where = layer._where()
+    if not layer.built:
+        raise ValueError(
+            f"{where}: `enable_lora` needs a built layer (call it once or "
+            "call `build`). Received: an unbuilt layer"
+        )
+    if not (isinstance(rank, int) and not isinstance(rank, bool) and rank > 0):
+        raise ValueError(
+            f"{where}: `rank` must be a positive integer. "
+            f"Received: rank={rank!r}"
+        )
+    if lora_alpha is not None and (
+        isinstance(lora_alpha, bool)
+        or not isinstance(lora_alpha, (int, float))
+        or lora_alpha <= 0
+    ):
+        raise ValueError(
+            f"{where}: `lora_alpha` must be a positive number or None. "
+            f"Received: lora_alpha={lora_alpha!r}"
+        )
+    if isinstance(targets, str):
+        targets = (targets,)
+    targets = tuple(targets)
+    unknown = [name for name in targets if name not in projections]
+    if not targets or unknown:
+        raise ValueError(
+            f"{where}: `targets` must be a non-empty list of "
+            f"{sorted(projections)}. Received: targets={targets!r}"
+        )
+    chosen = [sub for name in targets for sub in projections[name]]
+    if any(getattr(sub, "lora_enabled", False) for sub in chosen):
+        raise ValueError(
+            f"{where}: LoRA is already enabled on these projections; it "
+            f"can be enabled once. Received: targets={targets!r}"
+        )
+    adapters = set()
+    for sub in chosen:
+        sub.enable_lora(
+            rank,
+            lora_alpha=lora_alpha,
+            a_initializer=fresh(keras.initializers.get(a_initializer)),
+            b_initializer=fresh(keras.initializers.get(b_initializer)),
+        )
+        adapters.update(id(v) for v in (sub.lora_kernel_a, sub.lora_kernel_b))
+    for variable in layer.variables:
+        if id(variable) not in adapters:
+            variable.trainable = False
+    retrack(layer)
+
+
+def retrack(layer):
+    """Refreshes the variables PyTorch tracks after weights changed.
+
+    On the torch backend each layer keeps a `ParameterDict` of its
+    variables, made at build time; Keras's `Model.quantize` refreshes it
+    for a whole model, a layer's own `enable_lora` does not.
+    """
+    if keras.backend.backend() == "torch":
+        for sublayer in layer._flatten_layers():
+            sublayer._track_variables()
+
+
+def lora_variables(layer) -> dict:
+    """`layer`'s LoRA adapters, keyed by their path below `layer`."""
+    prefix = f"{layer.path}/"
+    return {
+        variable.path.removeprefix(prefix): variable
+        for sublayer in layer._flatten_layers()
+        if getattr(sublayer, "lora_enabled", False)
+        for variable in (sublayer.lora_kernel_a, sublayer.lora_kernel_b)
+    }
+
+
+def save_lora_weights(layer, filepath):
+    """Writes `layer`'s LoRA adapters (and nothing else) to `filepath`."""
+    adapters = lora_variables(layer)
+    if not adapters:
+        raise ValueError(
+            f"{layer._where()}: `save_lora_weights` needs LoRA enabled "
+            "(call `enable_lora` first). Received: a layer without LoRA"
+        )
+    values = {
+        path: keras.ops.convert_to_numpy(variable)
+        for path, variable in adapters.items()
+    }
+    with open(filepath, "wb") as file:
+        np.savez(file, **values)
+
+
+def load_lora_weights(layer, filepath):
+    """Sets `layer`'s LoRA adapters from a `save_lora_weights` file."""
+    where = layer._where()
+    adapters = lora_variables(layer)
+    with np.load(filepath) as stored:
+        values = {path: stored[path] for path in stored.files}
+    if sorted(values) != sorted(adapters):
+        raise ValueError(
+            f"{where}: the file's adapters are not this layer's; enable "
+            "LoRA with the same `targets` first. Received: adapters "
+            f"{sorted(values)} for a layer with {sorted(adapters)}"
+        )
+    for path, variable in adapters.items():
+        if tuple(values[path].shape) != tuple(variable.shape):
+            raise ValueError(
+                f"{where}: adapter '{path}' has shape {variable.shape}; "
+                "enable LoRA with the saved `rank`. Received: shape "
+                f"{values[path].shape}"
+            )
+    for path, variable in adapters.items():
+        variable.assign(values[path])

@@ -10,6 +10,7 @@ from keras_attention import _kernels
 from keras_attention.layers import checks
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import policy_for
 from keras_attention.layers.transformer_block_base import TransformerBlockBase
 
 
@@ -138,7 +139,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 kernel_initializer=self.kernel_initializer,
                 bias_initializer=self.bias_initializer,
                 use_qk_norm=self.use_qk_norm,
-                dtype=self.dtype_policy,
+                dtype=policy_for(self, "cross_attention"),
                 name="cross_attention",
             )
             self.cross_attention.build(inputs_shape, encoder_outputs_shape)
