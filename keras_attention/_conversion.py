@@ -126,6 +126,7 @@ def ours_path(path):
 def copy(where, theirs, ours, rename=ours_path, backward=False):
     """Copies `theirs` into `ours` (`backward`: `ours` into `theirs`),
     matching each of their paths, renamed, with one of ours."""
+    _check_plain(where, ours if backward else theirs)
     source = {rename(p): v for p, v in relative_weights(theirs).items()}
     target = relative_weights(ours)
     if backward:
@@ -144,3 +145,22 @@ def copy(where, theirs, ours, rename=ours_path, backward=False):
                 f"{tuple(value.shape)} for {tuple(variable.shape)}"
             )
         variable.assign(keras.ops.cast(value, variable.dtype))
+
+
+def _check_plain(where, layer):
+    """Refuses a source with quantized kernels or LoRA adapters, whose
+    weights are not the float kernels the other library's layer holds."""
+    for sublayer in layer._flatten_layers():
+        if getattr(sublayer, "quantization_mode", None) is not None:
+            raise ValueError(
+                f"{where}: quantized layers are not converted; convert the "
+                "float model, then quantize. Received: sublayer "
+                f"'{sublayer.name}' with quantization_mode="
+                f"{sublayer.quantization_mode!r}"
+            )
+        if getattr(sublayer, "lora_enabled", False):
+            raise ValueError(
+                f"{where}: LoRA is enabled; save and reload the model to "
+                "merge the adapters into the kernels, then convert. "
+                f"Received: sublayer '{sublayer.name}' with lora_enabled=True"
+            )

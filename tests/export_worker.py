@@ -83,14 +83,19 @@ def _generate(run, cases):
     threaded through the artefact."""
     tokens = cases["start_ids"].astype("int32")  # (B,)
     cache = cases["cache"]
-    generated = []
+    generated, every_logits = [], []
     for index in range(int(cases["max_length"])):
         logits, cache = run(
             [tokens[:, None], cache, np.asarray(index, "int32")]
         )
         tokens = np.argmax(logits, axis=-1).astype("int32")  # (B,)
         generated.append(tokens)
-    return {"tokens": np.stack(generated, axis=1)}  # (B, L)
+        every_logits.append(logits)
+    return {
+        "tokens": np.stack(generated, axis=1),  # (B, L)
+        "logits": np.stack(every_logits, axis=1),  # (B, L, V)
+        "cache": cache,  # (B, 2, S_max, K, H) after the last step
+    }
 
 
 def main(manifest):

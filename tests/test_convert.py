@@ -307,6 +307,18 @@ def test_to_keras_refuses_what_it_cannot_convert(layer, message):
         convert.to_keras(layer)
 
 
+def test_quantized_or_lora_layers_are_refused_with_the_reason():
+    lora = MultiHeadSelfAttention(2)
+    lora.build((None, None, D))
+    lora.enable_lora(2)
+    with pytest.raises(ValueError, match="to_keras.*LoRA is enabled"):
+        convert.to_keras(lora)
+    quantized = built_mha()
+    quantized._query_dense.quantize("int8")
+    with pytest.raises(ValueError, match="from_keras.*quantized layers"):
+        convert.from_keras(quantized)
+
+
 # A whole backbone, built once per module (tiny: vocabulary 50, 2 layers).
 CONFIG = dict(
     vocabulary_size=50,

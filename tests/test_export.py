@@ -84,8 +84,8 @@ def decoder_lm():
 
 
 def rnn_nmt():
-    """RNN NMT: Bahdanau (GRU) and Luong (LSTM) attention decoders over
-    the padded source."""
+    """RNN NMT: Bahdanau (GRU), Luong (LSTM), location-sensitive and
+    monotonic attention decoders over the padded source."""
     source = keras.Input((None,), dtype="int32", name="source")
     target = keras.Input((None,), dtype="int32", name="target")
     x = keras.layers.Embedding(VOCAB, D, mask_zero=True)(source)  # (B, S, D)
@@ -96,7 +96,14 @@ def rnn_nmt():
     luong = ka.AttentionDecoder(
         keras.layers.LSTMCell(D), ka.LuongAttention("general"), attention_dim=D
     )(y, x)
-    logits = keras.layers.Dense(VOCAB)(bahdanau + luong)  # (B, T, V)
+    location = ka.AttentionDecoder(
+        keras.layers.GRUCell(D), ka.LocationSensitiveAttention(6, 4, 3)
+    )(y, x)
+    monotonic = ka.AttentionDecoder(
+        keras.layers.GRUCell(D), ka.MonotonicAttention(6)
+    )(y, x)
+    outputs = bahdanau + luong + location + monotonic  # (B, T, D)
+    logits = keras.layers.Dense(VOCAB)(outputs)  # (B, T, V)
     return keras.Model([source, target], logits, name="rnn_nmt")
 
 
@@ -218,7 +225,7 @@ def exported(tmp_path_factory):
     start_ids = np.array([1, 5], "int32")
     cache = step.block.init_cache(len(start_ids), MAX_LENGTH)["self"]
     cache = keras.ops.convert_to_numpy(cache)  # (B, 2, S_max, K, H)
-    tokens = _keras_generate(step, start_ids, cache)
+    generated = _keras_generate(step, start_ids, cache)
     np.savez(
         root / "generate.npz",
         start_ids=start_ids, cache=cache, max_length=GENERATE,
@@ -236,7 +243,7 @@ def exported(tmp_path_factory):
             dict(format=fmt, path=path, pack="args", kind="generate",
                  cases=str(root / "generate.npz"), out=out)
         )  # fmt: skip
-        results[key] = {"out": out, "expected": tokens}
+        results[key] = {"out": out, "expected": generated}
 
     (root / "manifest.json").write_text(json.dumps(manifest))
     run = subprocess.run(
@@ -257,7 +264,8 @@ def exported(tmp_path_factory):
 
 
 def _keras_generate(step, start_ids, cache):
-    """Our greedy search over the Keras decode step."""
+    """Our greedy search over the Keras decode step: its tokens, and the
+    logits of every step and the last cache of the same loop by hand."""
 
     def step_fn(token_ids, state):
         logits, new_cache = step(
@@ -267,7 +275,20 @@ def _keras_generate(step, start_ids, cache):
 
     state = {"cache": cache, "index": keras.ops.convert_to_tensor(0)}
     tokens = decoding.greedy_search(step_fn, state, start_ids, GENERATE)
-    return keras.ops.convert_to_numpy(tokens)
+    tokens = keras.ops.convert_to_numpy(tokens)
+    # The same loop by hand, for the logits of every step and the cache.
+    ids, logits = start_ids, []
+    for index in range(GENERATE):
+        step_logits, cache = step(
+            ids[:, None], cache, keras.ops.convert_to_tensor(index)
+        )
+        logits.append(keras.ops.convert_to_numpy(step_logits))
+        ids = np.argmax(logits[-1], axis=-1).astype("int32")
+    return {
+        "tokens": tokens,
+        "logits": np.stack(logits, axis=1),  # (B, L, V)
+        "cache": keras.ops.convert_to_numpy(cache),  # (B, 2, S_max, K, H)
+    }
 
 
 class ArtefactError(Exception):
@@ -345,7 +366,12 @@ def _check(name, fmt, exported):
     if "error" in got:
         raise ArtefactError(str(got["error"]))
     if name == "decode_step":
-        np.testing.assert_array_equal(got["tokens"], result["expected"])
+        expected = result["expected"]
+        np.testing.assert_array_equal(got["tokens"], expected["tokens"])
+        for key in ("logits", "cache"):
+            np.testing.assert_allclose(
+                got[key], expected[key], rtol=0, atol=TOLERANCE, err_msg=key
+            )
         return
     for i, expected in enumerate(result["expected"]):
         error = float(np.max(np.abs(got[str(i)] - expected)))

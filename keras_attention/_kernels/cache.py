@@ -18,8 +18,8 @@ def update_kv_cache(cache, key, value, index):
     are views of it) is cheapest there; under XLA, slicing the halves back
     out of an updated cache inside a decoding loop costs another copy of
     the cache per step, so the halves are updated apart and stacked for the
-    returned cache. TensorFlow writes with a `where` over the cache slots:
-    its `DynamicUpdateSlice` op has no gradient there and no ONNX
+    returned cache. TensorFlow scatters the new rows: its
+    `DynamicUpdateSlice` op (what `slice_update` becomes) has no ONNX
     conversion (tf2onnx).
     """
     key = ops.cast(key, cache.dtype)
@@ -29,7 +29,7 @@ def update_kv_cache(cache, key, value, index):
         update = ops.stack([key, value], axis=1)  # (B, 2, T, K, H)
         cache = ops.slice_update(cache, (0, 0, index, 0, 0), update)
         return cache, cache[:, 0], cache[:, 1]
-    write = _where_update if backend == "tensorflow" else _slice_update
+    write = _scatter_update if backend == "tensorflow" else _slice_update
     keys = write(cache[:, 0], key, index)  # (B, S_max, K, H)
     values = write(cache[:, 1], value, index)  # (B, S_max, K, H)
     return ops.stack([keys, values], axis=1), keys, values
@@ -39,13 +39,14 @@ def _slice_update(tensor, update, index):
     return ops.slice_update(tensor, (0, index, 0, 0), update)
 
 
-def _where_update(tensor, update, index):
+def _scatter_update(tensor, update, index):
     """`tensor` `(B, S_max, K, H)` with rows `index ... index + T - 1`
-    replaced by those of `update` `(B, T, K, H)`."""
-    length = ops.shape(update)[1]
-    offsets = ops.arange(0, ops.shape(tensor)[1]) - ops.cast(index, "int32")
-    inside = ops.logical_and(offsets >= 0, offsets < length)  # (S_max,)
-    rows = ops.take(
-        update, ops.clip(offsets, 0, length - 1), axis=1
-    )  # (B, S_max, K, H)
-    return ops.where(inside[None, :, None, None], rows, tensor)
+    replaced by those of `update` `(B, T, K, H)`: a scatter of the T new
+    rows, which has a gradient and converts to ONNX (`ScatterND`)."""
+    import tensorflow as tf
+
+    batch, length = tf.shape(update)[0], tf.shape(update)[1]
+    rows = tf.cast(index, "int32") + tf.range(length)  # (T,)
+    b, t = tf.meshgrid(tf.range(batch), rows, indexing="ij")  # (B, T)
+    indices = tf.stack([b, t], axis=-1)  # (B, T, 2)
+    return tf.tensor_scatter_nd_update(tensor, indices, update)

@@ -93,7 +93,9 @@ def is_exporting() -> bool:
         return False
     import torch
 
-    return torch.jit.is_tracing() or torch.compiler.is_exporting()
+    # `torch.compiler.is_exporting` is new in PyTorch 2.7.
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return torch.jit.is_tracing() or exporting()
 
 
 def static_int(value):

@@ -216,9 +216,10 @@ class MonotonicAttention(AttentionMechanism):
         return self.scorer.project_keys(key)  # (B, S, U)
 
     def get_initial_attention_state(self, value, value_mask=None):
-        batch, length = ops.shape(value)[0], ops.shape(value)[1]
-        first = ops.zeros((batch,), dtype="int32")
-        alignment = ops.one_hot(first, length, dtype=self._state_dtype())
+        # All mass on the first source position. A running count rather
+        # than `one_hot(0, S)`, which needs S as a number (export).
+        count = ops.cumsum(ops.ones_like(value[:, :, 0], "int32"), axis=1)
+        alignment = ops.cast(ops.equal(count, 1), self._state_dtype())
         return {"alignment": alignment}  # (B, S)
 
     def next_attention_state(self, attention_state, weights):

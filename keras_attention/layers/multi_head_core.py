@@ -187,14 +187,24 @@ class MultiHeadCore(keras.layers.Layer):
         """Adds LoRA adapters to projections and freezes everything else.
 
         LoRA (Hu et al., 2021) learns a low-rank update of a frozen
-        kernel, $W + \\frac{\\alpha}{r} A B$ with $A$ of shape
-        `(in, r)` and $B$ `(r, out)`, for each projection in `targets`
-        (`"query_dense"`, `"key_dense"`, `"value_dense"`,
+        kernel, $W + \\frac{\\alpha}{r} A B$, for each projection in
+        `targets` (`"query_dense"`, `"key_dense"`, `"value_dense"`,
         `"output_dense"`; the query and value projections by default, as
         in the paper). Each projection delegates to Keras's
-        `EinsumDense.enable_lora`; every other weight of the layer
-        becomes non-trainable, so `trainable_weights` are the adapters.
-        Saving (`.keras`, `save_weights`) stores the merged kernels.
+        `EinsumDense.enable_lora`: for the query kernel `(D, N, H)`, $A$
+        is `(D, N, r)` and $B$ `(r, H)`, shared by the heads; for the
+        output kernel `(N, H, D)`, $A$ is `(N, H, r)` and $B$ `(r, D)`.
+        Every other weight of the layer becomes non-trainable, so
+        `trainable_weights` are the adapters.
+
+        Saving (`.keras`, `save_weights`) stores the merged kernels (in an
+        int8 layer, merging re-quantizes the kernel, so its outputs move
+        by the quantization error); `save_lora_weights` stores the
+        adapters alone. On PyTorch a `keras.Model` lists its torch
+        parameters when it is built, so a model built before
+        `enable_lora` lacks the adapters in `model.parameters()` (Keras's
+        `fit` reads `model.trainable_variables`, which has them): for a
+        plain torch loop, enable LoRA before making the model.
 
         Args:
             rank: int. The rank $r$ of the update.

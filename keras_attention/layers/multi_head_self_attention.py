@@ -367,7 +367,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
         window = ops.concatenate([cache, new], axis=2)  # (B, 2, R + T, K, H)
         # Key j stands at position cache_index - R + j; the queries are the
         # last T of them (offset R). Slots before position 0 are empty.
-        positions = cache_index - size + ops.arange(size + length)  # (R+T,)
+        steps = size + ops.shape(inputs)[1]  # R + T, known or not
+        positions = cache_index - size + ops.arange(0, steps)  # (R+T,)
         visible = ops.expand_dims(ops.expand_dims(positions >= 0, 0), 0)
         if padding_mask is not None:
             # Absolute positions; the empty slots read as padding.
