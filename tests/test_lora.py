@@ -225,3 +225,67 @@ def test_adapters_alone_save_and_load(kind, tmp_path):
     plain, _ = make(kind)
     with pytest.raises(ValueError, match="needs LoRA enabled"):
         plain.save_lora_weights(str(tmp_path / "none.npz"))
+
+
+def make_rnn(kind):
+    """An RNN attention layer, built, and a call on fixed inputs."""
+    keras.utils.set_random_seed(0)
+    x, enc = data()
+    mechanisms = {
+        "bahdanau": lambda: ka.BahdanauAttention(6),
+        "luong-concat": lambda: ka.LuongAttention("concat", units=6),
+        "location": lambda: ka.LocationSensitiveAttention(6, 2, 3),
+        "monotonic": lambda: ka.MonotonicAttention(6),
+    }
+    if kind == "decoder":
+        layer = ka.AttentionDecoder(
+            keras.layers.GRUCell(D), ka.LuongAttention("general")
+        )
+        layer.build(x.shape, enc.shape)
+    else:
+        layer = mechanisms[kind]()
+        layer.build(x.shape, enc.shape)
+    return layer, lambda lay: lay(x, enc)
+
+
+@pytest.mark.parametrize(
+    "kind, adapted",
+    [
+        ("bahdanau", 2),
+        ("luong-concat", 2),
+        ("location", 3),
+        ("monotonic", 2),
+        ("decoder", 2),  # Luong general's key and W_c
+    ],
+)
+def test_rnn_attention_lora_adapts_every_projection(kind, adapted, tmp_path):
+    layer, call = make_rnn(kind)
+    before = to_numpy(call(layer))
+    layer.enable_lora(2, b_initializer="ones")
+    adapters = lora_kernels(layer)
+    assert len(adapters) == 2 * adapted
+    assert {id(w) for w in layer.trainable_weights} == {id(w) for w in adapters}
+    lora = to_numpy(call(layer))
+    assert np.max(np.abs(lora - before)) > 1e-4
+    # The merged kernels in a plain copy give the same outputs.
+    plain, plain_call = make_rnn(kind)
+    pairs = zip(layer._flatten_layers(), plain._flatten_layers(), strict=True)
+    for sub, copy in pairs:
+        if getattr(sub, "lora_enabled", False):
+            copy._kernel.assign(sub.kernel)
+    np.testing.assert_allclose(
+        to_numpy(plain_call(plain)), lora, rtol=1e-5, atol=1e-5
+    )
+    # The adapters alone, into a fresh layer with the same base weights.
+    layer.save_lora_weights(str(tmp_path / "adapters.npz"))
+    fresh, fresh_call = make_rnn(kind)
+    fresh.enable_lora(2)
+    fresh.load_lora_weights(str(tmp_path / "adapters.npz"))
+    np.testing.assert_array_equal(to_numpy(fresh_call(fresh)), lora)
+
+
+def test_luong_dot_has_no_projection_to_adapt():
+    layer = ka.LuongAttention("dot")
+    layer.build((B, T, D), (B, S, D))
+    with pytest.raises(ValueError, match="LuongAttention.*targets"):
+        layer.enable_lora(2)

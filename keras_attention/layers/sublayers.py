@@ -207,6 +207,16 @@ def enable_lora(
     retrack(layer)
 
 
+def dense_projections(layer) -> dict:
+    """`layer`'s `Dense` / `EinsumDense` sublayers at any depth, by name:
+    what `enable_lora` may target in a layer without fixed names."""
+    projections = {}
+    for sublayer in layer._flatten_layers(include_self=False):
+        if type(sublayer) in (keras.layers.Dense, keras.layers.EinsumDense):
+            projections.setdefault(sublayer.name, []).append(sublayer)
+    return projections
+
+
 def retrack(layer):
     """Refreshes the variables PyTorch tracks after weights changed.
 
@@ -220,12 +230,18 @@ def retrack(layer):
 
 
 def lora_variables(layer) -> dict:
-    """`layer`'s LoRA adapters, keyed by their path below `layer`."""
-    prefix = f"{layer.path}/"
-    return {
-        variable.path.removeprefix(prefix): variable
+    """`layer`'s LoRA adapters, keyed `"<i>.<projection>/<adapter>"`: the
+    i-th adapted projection in the layer's fixed order of sublayers, so
+    the keys do not depend on names Keras made up (a user's mechanism in
+    an `AttentionDecoder`) and a layer of another name loads them."""
+    adapted = [
+        sublayer
         for sublayer in layer._flatten_layers()
         if getattr(sublayer, "lora_enabled", False)
+    ]
+    return {
+        f"{i}.{sublayer.name}/{variable.name}": variable
+        for i, sublayer in enumerate(adapted)
         for variable in (sublayer.lora_kernel_a, sublayer.lora_kernel_b)
     }
 

@@ -191,9 +191,11 @@ class TransformerBlockBase(keras.layers.Layer):
     def save_lora_weights(self, filepath: str) -> None:
         """Writes the LoRA adapters, and nothing else, to `filepath`.
 
-        A small NumPy `.npz` file keyed by each adapter's path below this
-        layer, so it loads into a layer of another name. Pair it with the
-        base model's own weights; `.keras` files store merged kernels.
+        A small NumPy `.npz` file keyed by each adapted projection's
+        place in this layer (`"0.query_dense/lora_kernel_a"`), so it
+        loads into another layer built the same way, whatever its name.
+        Pair it with the base model's own weights; `.keras` files store
+        merged kernels.
 
         Args:
             filepath: str. Where to write.
