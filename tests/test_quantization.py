@@ -111,7 +111,7 @@ def test_quantized_outputs_are_close(quantized, float_model):
     assert 0 < error < TOLERANCE[mode], error
 
 
-@pytest.mark.parametrize("quantized", ["int8"], indirect=True)
+@pytest.mark.parametrize("quantized", ["int8", "float8"], indirect=True)
 def test_quantized_save_load(quantized, tmp_path):
     mode, model = quantized
     expected = to_numpy(model(inputs()))
