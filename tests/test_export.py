@@ -347,14 +347,6 @@ _EXPECTED = {
     **{("torch", name, "tf_saved_model"): _TORCH_SIGNATURE
        for name in MODELS},
     ("torch", "decode_step", "tf_saved_model"): _TORCH_XLA,
-    ("torch", "decode_step", "onnx"): (
-        "ArtefactError",
-        "is not a graph input",
-        "With fixed shapes Keras uses PyTorch's dynamo ONNX exporter "
-        "(torch 2.13, onnxscript 0.7.2), whose graph for the step reads a "
-        "value it never defines ('args_2_min_1', from the clamped scalar "
-        "index input); onnxruntime refuses to load it.",
-    ),
 }  # fmt: skip
 
 

@@ -27,7 +27,13 @@ def update_kv_cache(cache, key, value, index):
     backend = keras.backend.backend()
     if backend == "torch":
         update = ops.stack([key, value], axis=1)  # (B, 2, T, K, H)
-        cache = ops.slice_update(cache, (0, 0, index, 0, 0), update)
+        start = (0, 0, index, 0, 0)
+        if ops.is_tensor(index):
+            # A tensor start becomes the indices of an `index_put_`, which
+            # ONNX (`ScatterND`) takes in int64 only, all of one dtype.
+            zero = ops.zeros((), "int64")
+            start = (zero, zero, ops.cast(index, "int64"), zero, zero)
+        cache = ops.slice_update(cache, start, update)
         return cache, cache[:, 0], cache[:, 1]
     write = _scatter_update if backend == "tensorflow" else _slice_update
     keys = write(cache[:, 0], key, index)  # (B, S_max, K, H)

@@ -75,7 +75,11 @@ def check_index_range(where, name, index, length, limit, what):
         return value
     if length is None:
         return index
-    return ops.clip(index, 0, max(limit - length, 0))
+    high = max(limit - length, 0)
+    # Not `ops.clip`: PyTorch's ONNX exporter (torch 2.13) writes two clips
+    # of one input with equal bounds as a graph that reads an undefined
+    # value (the decoding step clips its index twice).
+    return ops.where(index < 0, 0, ops.where(index > high, high, index))
 
 
 def check_mask(where: str, name: str, mask, expected):
