@@ -49,6 +49,19 @@ def lora_kernels(layer):
     ]
 
 
+def assert_merged_kernels_give(lora, layer, plain, plain_call):
+    """The merged kernels W + alpha/r A B of `layer`, copied into `plain`
+    (a copy without LoRA), give `lora`: the frozen kernels plus the
+    low-rank path."""
+    pairs = zip(layer._flatten_layers(), plain._flatten_layers(), strict=True)
+    for sub, copy in pairs:
+        if getattr(sub, "lora_enabled", False):
+            copy._kernel.assign(sub.kernel)
+    np.testing.assert_allclose(
+        to_numpy(plain_call(plain)), lora, rtol=1e-5, atol=1e-5
+    )
+
+
 @pytest.mark.parametrize(
     "kind, targets, adapted",
     [
@@ -68,16 +81,7 @@ def test_only_adapters_train_and_merge_is_exact(kind, targets, adapted):
     assert {id(w) for w in layer.trainable_weights} == {id(w) for w in adapters}
     lora = to_numpy(call(layer))
     assert np.max(np.abs(lora - before)) > 1e-3  # B = 1: the update acts
-    # The merged kernel W + alpha/r A B in a plain copy gives the same
-    # outputs as the frozen kernel plus the low-rank path.
-    plain, plain_call = make(kind)
-    pairs = zip(layer._flatten_layers(), plain._flatten_layers(), strict=True)
-    for sub, copy in pairs:
-        if getattr(sub, "lora_enabled", False):
-            copy._kernel.assign(sub.kernel)
-    np.testing.assert_allclose(
-        to_numpy(plain_call(plain)), lora, rtol=1e-5, atol=1e-5
-    )
+    assert_merged_kernels_give(lora, layer, *make(kind))
 
 
 def test_training_step_moves_only_adapters():
@@ -267,15 +271,7 @@ def test_rnn_attention_lora_adapts_every_projection(kind, adapted, tmp_path):
     assert {id(w) for w in layer.trainable_weights} == {id(w) for w in adapters}
     lora = to_numpy(call(layer))
     assert np.max(np.abs(lora - before)) > 1e-4
-    # The merged kernels in a plain copy give the same outputs.
-    plain, plain_call = make_rnn(kind)
-    pairs = zip(layer._flatten_layers(), plain._flatten_layers(), strict=True)
-    for sub, copy in pairs:
-        if getattr(sub, "lora_enabled", False):
-            copy._kernel.assign(sub.kernel)
-    np.testing.assert_allclose(
-        to_numpy(plain_call(plain)), lora, rtol=1e-5, atol=1e-5
-    )
+    assert_merged_kernels_give(lora, layer, *make_rnn(kind))
     # The adapters alone, into a fresh layer with the same base weights.
     layer.save_lora_weights(str(tmp_path / "adapters.npz"))
     fresh, fresh_call = make_rnn(kind)

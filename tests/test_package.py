@@ -26,6 +26,7 @@ from keras_attention.layers import multi_head_self_attention
 from keras_attention.layers import position_embedding
 from keras_attention.layers import positional_encoding
 from keras_attention.layers import rotary_embedding
+from keras_attention.layers import sublayers
 from keras_attention.layers import transformer_decoder_block
 from keras_attention.layers import transformer_encoder_block
 
@@ -90,6 +91,7 @@ DOCTESTED_MODULES = [
     positional_encoding,
     position_embedding,
     rotary_embedding,
+    sublayers,
     transformer_encoder_block,
     transformer_decoder_block,
 ]

@@ -10,9 +10,9 @@ from keras import ops
 
 from keras_attention import _kernels
 from keras_attention.layers import checks
-from keras_attention.layers import sublayers
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.luong_attention import LuongAttention
+from keras_attention.layers.sublayers import LoraMixin
 from keras_attention.layers.sublayers import dtype_config
 from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
@@ -21,7 +21,7 @@ _FLOWS = ("bahdanau", "luong")
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class AttentionDecoder(keras.layers.Layer):
+class AttentionDecoder(LoraMixin, keras.layers.Layer):
     """Runs a Keras RNN cell over the target with attention at every step.
 
     The fix for the encoder bottleneck (Bahdanau et al. 2015): instead of
@@ -313,67 +313,6 @@ class AttentionDecoder(keras.layers.Layer):
             }
         )
         return dtype_config(self, config)
-
-    def enable_lora(
-        self,
-        rank: int,
-        lora_alpha: float | None = None,
-        a_initializer="he_uniform",
-        b_initializer="zeros",
-        targets: str | list[str] | tuple[str, ...] | None = None,
-    ) -> None:
-        """Adds LoRA adapters to projections and freezes everything else.
-
-        LoRA (Hu et al., 2021): a low-rank update
-        $W + \\frac{\\alpha}{r} A B$ of each frozen projection kernel in
-        `targets`, through Keras's `Dense.enable_lora`. The projections
-        are the attention mechanism's `Dense` sublayers and
-        `"attention_projection"` (Luong's flow); the RNN cell's kernels
-        have no LoRA in Keras. Every other weight becomes non-trainable,
-        so `trainable_weights` are the adapters.
-        Saving stores the merged kernels; `save_lora_weights` stores the
-        adapters alone.
-
-        Args:
-            rank: int. The rank $r$ of the update.
-            lora_alpha: float. The scale $\\alpha$. Defaults to `rank`.
-            a_initializer: Initializer of $A$. Defaults to `"he_uniform"`.
-            b_initializer: Initializer of $B$. Defaults to `"zeros"`.
-            targets: str or list of str. Names of the projections to
-                adapt. Defaults to all of them.
-
-        References:
-            - [Hu et al., 2021](https://arxiv.org/abs/2106.09685)
-        """
-        projections = sublayers.dense_projections(self)
-        sublayers.enable_lora(
-            self,
-            projections,
-            rank,
-            lora_alpha,
-            a_initializer,
-            b_initializer,
-            tuple(projections) if targets is None else targets,
-        )
-
-    def save_lora_weights(self, filepath: str) -> None:
-        """Writes the LoRA adapters, and nothing else, to `filepath`
-        (a NumPy `.npz` keyed by each adapted projection's place in this
-        layer, so it loads into another layer built the same way).
-
-        Args:
-            filepath: str. Where to write.
-        """
-        sublayers.save_lora_weights(self, filepath)
-
-    def load_lora_weights(self, filepath: str) -> None:
-        """Sets the LoRA adapters from a `save_lora_weights` file; enable
-        LoRA first with the saved `rank` and `targets`.
-
-        Args:
-            filepath: str. A file written by `save_lora_weights`.
-        """
-        sublayers.load_lora_weights(self, filepath)
 
     @property
     def output_dim(self) -> int:

@@ -10,14 +10,14 @@ from keras import ops
 from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention.layers import checks
-from keras_attention.layers import sublayers
+from keras_attention.layers.sublayers import LoraMixin
 from keras_attention.layers.sublayers import dtype_config
 from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class AttentionMechanism(keras.layers.Layer):
+class AttentionMechanism(LoraMixin, keras.layers.Layer):
     """Base class of attention over encoder states for RNN decoders.
 
     A decoder state `s` (the query) is scored against every encoder state
@@ -173,67 +173,6 @@ class AttentionMechanism(keras.layers.Layer):
             }
         )
         return dtype_config(self, config)
-
-    def enable_lora(
-        self,
-        rank: int,
-        lora_alpha: float | None = None,
-        a_initializer="he_uniform",
-        b_initializer="zeros",
-        targets: str | list[str] | tuple[str, ...] | None = None,
-    ) -> None:
-        """Adds LoRA adapters to projections and freezes everything else.
-
-        LoRA (Hu et al., 2021): a low-rank update
-        $W + \\frac{\\alpha}{r} A B$ of each frozen projection kernel in
-        `targets`, through Keras's `Dense.enable_lora`. The projections
-        are the `Dense` sublayers, by name: `"query_dense"`,
-        `"key_dense"` (and `"location_dense"` for location-sensitive
-        attention); Luong's dot score has none. Every other weight
-        becomes non-trainable, so `trainable_weights` are the adapters.
-        Saving stores the merged kernels; `save_lora_weights` stores the
-        adapters alone.
-
-        Args:
-            rank: int. The rank $r$ of the update.
-            lora_alpha: float. The scale $\\alpha$. Defaults to `rank`.
-            a_initializer: Initializer of $A$. Defaults to `"he_uniform"`.
-            b_initializer: Initializer of $B$. Defaults to `"zeros"`.
-            targets: str or list of str. Names of the projections to
-                adapt. Defaults to all of them.
-
-        References:
-            - [Hu et al., 2021](https://arxiv.org/abs/2106.09685)
-        """
-        projections = sublayers.dense_projections(self)
-        sublayers.enable_lora(
-            self,
-            projections,
-            rank,
-            lora_alpha,
-            a_initializer,
-            b_initializer,
-            tuple(projections) if targets is None else targets,
-        )
-
-    def save_lora_weights(self, filepath: str) -> None:
-        """Writes the LoRA adapters, and nothing else, to `filepath`
-        (a NumPy `.npz` keyed by each adapted projection's place in this
-        layer, so it loads into another layer built the same way).
-
-        Args:
-            filepath: str. Where to write.
-        """
-        sublayers.save_lora_weights(self, filepath)
-
-    def load_lora_weights(self, filepath: str) -> None:
-        """Sets the LoRA adapters from a `save_lora_weights` file; enable
-        LoRA first with the saved `rank` and `targets`.
-
-        Args:
-            filepath: str. A file written by `save_lora_weights`.
-        """
-        sublayers.load_lora_weights(self, filepath)
 
     def project_keys(self, key):
         """The query-independent part of the score, once per source.

@@ -12,12 +12,13 @@ from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers import sublayers
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers.sublayers import LoraMixin
 from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
-class MultiHeadCore(keras.layers.Layer):
+class MultiHeadCore(LoraMixin, keras.layers.Layer):
     """Projections to heads, attention through `functional`, output mix.
 
     $$\\operatorname{MultiHead}(Q, K, V) =
@@ -30,6 +31,8 @@ class MultiHeadCore(keras.layers.Layer):
     `keras.layers.MultiHeadAttention` (`(D, N, H)` for queries, `(N, V, D)`
     for the output), so weights can be copied between the two.
     """
+
+    _default_lora_targets = ("query_dense", "value_dense")
 
     def __init__(
         self,
@@ -172,88 +175,6 @@ class MultiHeadCore(keras.layers.Layer):
             dropout or return_attention_scores,
             reason,
         )
-
-    def enable_lora(
-        self,
-        rank: int,
-        lora_alpha: float | None = None,
-        a_initializer="he_uniform",
-        b_initializer="zeros",
-        targets: str | list[str] | tuple[str, ...] = (
-            "query_dense",
-            "value_dense",
-        ),
-    ) -> None:
-        """Adds LoRA adapters to projections and freezes everything else.
-
-        LoRA (Hu et al., 2021) learns a low-rank update of a frozen
-        kernel, $W + \\frac{\\alpha}{r} A B$, for each projection in
-        `targets` (`"query_dense"`, `"key_dense"`, `"value_dense"`,
-        `"output_dense"`; the query and value projections by default, as
-        in the paper). Each projection delegates to Keras's
-        `EinsumDense.enable_lora`: for the query kernel `(D, N, H)`, $A$
-        is `(D, N, r)` and $B$ `(r, H)`, shared by the heads; for the
-        output kernel `(N, H, D)`, $A$ is `(N, H, r)` and $B$ `(r, D)`.
-        Every other weight of the layer becomes non-trainable, so
-        `trainable_weights` are the adapters.
-
-        Saving (`.keras`, `save_weights`) stores the merged kernels (in an
-        int8 layer, merging re-quantizes the kernel, so its outputs move
-        by the quantization error); `save_lora_weights` stores the
-        adapters alone. On PyTorch a `keras.Model` lists its torch
-        parameters when it is built, so a model built before
-        `enable_lora` lacks the adapters in `model.parameters()` (Keras's
-        `fit` reads `model.trainable_variables`, which has them): for a
-        plain torch loop, enable LoRA before making the model.
-
-        Args:
-            rank: int. The rank $r$ of the update.
-            lora_alpha: float. The scale $\\alpha$. Defaults to `rank`.
-            a_initializer: Initializer of $A$. Defaults to `"he_uniform"`.
-            b_initializer: Initializer of $B$. Defaults to `"zeros"`, so
-                the layer starts from the frozen kernel's outputs.
-            targets: str or list of str. The projections to adapt.
-                Defaults to `("query_dense", "value_dense")`.
-
-        References:
-            - [Hu et al., 2021](https://arxiv.org/abs/2106.09685)
-        """
-        names = ("query_dense", "key_dense", "value_dense", "output_dense")
-        projections = {name: [getattr(self, name, None)] for name in names}
-        sublayers.enable_lora(
-            self,
-            projections,
-            rank,
-            lora_alpha,
-            a_initializer,
-            b_initializer,
-            targets,
-        )
-
-    def save_lora_weights(self, filepath: str) -> None:
-        """Writes the LoRA adapters, and nothing else, to `filepath`.
-
-        A small NumPy `.npz` file keyed by each adapted projection's
-        place in this layer (`"0.query_dense/lora_kernel_a"`), so it
-        loads into another layer built the same way, whatever its name.
-        Pair it with the base model's own weights; `.keras` files store
-        merged kernels.
-
-        Args:
-            filepath: str. Where to write.
-        """
-        sublayers.save_lora_weights(self, filepath)
-
-    def load_lora_weights(self, filepath: str) -> None:
-        """Sets the LoRA adapters from a `save_lora_weights` file.
-
-        Enable LoRA first with the `rank` and `targets` they were saved
-        with; a different set of adapters or shape raises a `ValueError`.
-
-        Args:
-            filepath: str. A file written by `save_lora_weights`.
-        """
-        sublayers.load_lora_weights(self, filepath)
 
     def _where(self):
         return f"{type(self).__name__} (layer '{self.name}')"

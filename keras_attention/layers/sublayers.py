@@ -142,7 +142,7 @@ def _quantized_policies(layer, prefix):
         yield from _quantized_policies(sublayer, f"{path}/")
 
 
-def enable_lora(
+def add_lora(
     layer,
     projections,
     rank,
@@ -283,3 +283,111 @@ def load_lora_weights(layer, filepath):
             )
     for path, variable in adapters.items():
         variable.assign(values[path])
+
+
+class LoraMixin:
+    """LoRA (Hu et al., 2021) on a layer's projections: its `Dense` and
+    `EinsumDense` sublayers, at any depth, by name. A layer sets
+    `_default_lora_targets` (`None`: every projection)."""
+
+    _default_lora_targets = None
+
+    def enable_lora(
+        self,
+        rank: int,
+        lora_alpha: float | None = None,
+        a_initializer="he_uniform",
+        b_initializer="zeros",
+        targets: str | list[str] | tuple[str, ...] | None = None,
+    ) -> None:
+        """Adds LoRA adapters to projections and freezes everything else.
+
+        LoRA (Hu et al., 2021) learns a low-rank update of a frozen
+        kernel, $W + \\frac{\\alpha}{r} A B$, for each projection named
+        in `targets`, through Keras's `Dense` / `EinsumDense`
+        `enable_lora`. A name covers every projection of that name in
+        the layer: in a decoder block, `"query_dense"` adapts the self-
+        and the cross-attention's. The names are `"query_dense"`,
+        `"key_dense"`, `"value_dense"`, `"output_dense"` in the
+        multi-head layers, also `"feedforward_intermediate_dense"` and
+        `"feedforward_output_dense"` in the blocks; `"query_dense"`,
+        `"key_dense"` (`"location_dense"`, `"attention_projection"`) in
+        the RNN attention layers and `AttentionDecoder` (Luong's dot
+        score has none; an RNN cell's kernels have no LoRA in Keras).
+        For the query kernel `(D, N, H)`, $A$ is `(D, N, r)` and $B$
+        `(r, H)`, shared by the heads; for the output kernel
+        `(N, H, D)`, $A$ is `(N, H, r)` and $B$ `(r, D)`. Every other
+        weight of the layer becomes non-trainable, so
+        `trainable_weights` are the adapters.
+
+        Saving (`.keras`, `save_weights`) stores the merged kernels (in an
+        int8 layer, merging re-quantizes the kernel, so its outputs move
+        by the quantization error); `save_lora_weights` stores the
+        adapters alone. On PyTorch a `keras.Model` lists its torch
+        parameters when it is built, so a model built before
+        `enable_lora` lacks the adapters in `model.parameters()` (Keras's
+        `fit` reads `model.trainable_variables`, which has them): for a
+        plain torch loop, enable LoRA before making the model.
+
+        Args:
+            rank: int. The rank $r$ of the update.
+            lora_alpha: float. The scale $\\alpha$. Defaults to `rank`.
+            a_initializer: Initializer of $A$. Defaults to `"he_uniform"`.
+            b_initializer: Initializer of $B$. Defaults to `"zeros"`, so
+                the layer starts from the frozen kernel's outputs.
+            targets: str or list of str. The projections to adapt.
+                Defaults to `("query_dense", "value_dense")` in the
+                multi-head layers and blocks (as in the paper and
+                keras-hub's `Backbone.enable_lora`), to every projection
+                in the RNN attention layers and `AttentionDecoder`.
+
+        Examples:
+            >>> import keras_attention as ka
+            >>> block = ka.TransformerEncoderBlock(2, 16)
+            >>> block.build((None, None, 8))
+            >>> block.enable_lora(rank=4)
+            >>> sorted({w.name for w in block.trainable_weights})
+            ['lora_kernel_a', 'lora_kernel_b']
+            >>> len(block.trainable_weights)  # query and value, A and B
+            4
+
+        References:
+            - [Hu et al., 2021](https://arxiv.org/abs/2106.09685)
+        """
+        projections = dense_projections(self)
+        if targets is None:
+            targets = self._default_lora_targets or tuple(projections)
+        add_lora(
+            self,
+            projections,
+            rank,
+            lora_alpha,
+            a_initializer,
+            b_initializer,
+            targets,
+        )
+
+    def save_lora_weights(self, filepath: str) -> None:
+        """Writes the LoRA adapters, and nothing else, to `filepath`.
+
+        A small NumPy `.npz` file keyed by each adapted projection's
+        place in this layer (`"0.query_dense/lora_kernel_a"`), so it
+        loads into another layer built the same way, whatever its name.
+        Pair it with the base model's own weights; `.keras` files store
+        merged kernels.
+
+        Args:
+            filepath: str. Where to write.
+        """
+        save_lora_weights(self, filepath)
+
+    def load_lora_weights(self, filepath: str) -> None:
+        """Sets the LoRA adapters from a `save_lora_weights` file.
+
+        Enable LoRA first with the `rank` and `targets` they were saved
+        with; a different set of adapters or shape raises a `ValueError`.
+
+        Args:
+            filepath: str. A file written by `save_lora_weights`.
+        """
+        load_lora_weights(self, filepath)

@@ -12,18 +12,21 @@ from keras_attention.layers import sublayers
 from keras_attention.layers.multi_head_self_attention import (
     MultiHeadSelfAttention,
 )
+from keras_attention.layers.sublayers import LoraMixin
 from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
-class TransformerBlockBase(keras.layers.Layer):
+class TransformerBlockBase(LoraMixin, keras.layers.Layer):
     """Residual sublayers `x + Dropout(f(x))` with post- or pre-LayerNorm.
 
     Post-LN (the original Transformer): `LN(x + Dropout(f(x)))`. Pre-LN
     (`normalize_first=True`): `x + Dropout(f(LN(x)))`. The feed-forward
     net is `W_2 act(W_1 x + b_1) + b_2`.
     """
+
+    _default_lora_targets = ("query_dense", "value_dense")
 
     def __init__(
         self,
@@ -128,90 +131,6 @@ class TransformerBlockBase(keras.layers.Layer):
             }
         )
         return sublayers.dtype_config(self, config)
-
-    def enable_lora(
-        self,
-        rank: int,
-        lora_alpha: float | None = None,
-        a_initializer="he_uniform",
-        b_initializer="zeros",
-        targets: str | list[str] | tuple[str, ...] = (
-            "query_dense",
-            "value_dense",
-        ),
-    ) -> None:
-        """Adds LoRA adapters to projections and freezes everything else.
-
-        LoRA (Hu et al., 2021): see `MultiHeadSelfAttention.enable_lora`.
-        `targets` name attention projections (`"query_dense"`,
-        `"key_dense"`, `"value_dense"`, `"output_dense"`, adapted in the
-        self- and the cross-attention) or feed-forward ones
-        (`"feedforward_intermediate_dense"`,
-        `"feedforward_output_dense"`). Every other weight of the block
-        becomes non-trainable. Saving stores the merged kernels.
-
-        Args:
-            rank: int. The rank $r$ of the update.
-            lora_alpha: float. The scale $\\alpha$. Defaults to `rank`.
-            a_initializer: Initializer of $A$. Defaults to `"he_uniform"`.
-            b_initializer: Initializer of $B$. Defaults to `"zeros"`.
-            targets: str or list of str. The projections to adapt.
-                Defaults to `("query_dense", "value_dense")`.
-
-        References:
-            - [Hu et al., 2021](https://arxiv.org/abs/2106.09685)
-        """
-        attention = [self.self_attention]
-        if getattr(self, "cross_attention", None) is not None:
-            attention.append(self.cross_attention)
-        projections = {
-            name: [getattr(layer, name, None) for layer in attention]
-            for name in (
-                "query_dense",
-                "key_dense",
-                "value_dense",
-                "output_dense",
-            )
-        }
-        for name in (
-            "feedforward_intermediate_dense",
-            "feedforward_output_dense",
-        ):
-            projections[name] = [getattr(self, name, None)]
-        sublayers.enable_lora(
-            self,
-            projections,
-            rank,
-            lora_alpha,
-            a_initializer,
-            b_initializer,
-            targets,
-        )
-
-    def save_lora_weights(self, filepath: str) -> None:
-        """Writes the LoRA adapters, and nothing else, to `filepath`.
-
-        A small NumPy `.npz` file keyed by each adapted projection's
-        place in this layer (`"0.query_dense/lora_kernel_a"`), so it
-        loads into another layer built the same way, whatever its name.
-        Pair it with the base model's own weights; `.keras` files store
-        merged kernels.
-
-        Args:
-            filepath: str. Where to write.
-        """
-        sublayers.save_lora_weights(self, filepath)
-
-    def load_lora_weights(self, filepath: str) -> None:
-        """Sets the LoRA adapters from a `save_lora_weights` file.
-
-        Enable LoRA first with the `rank` and `targets` they were saved
-        with; a different set of adapters or shape raises a `ValueError`.
-
-        Args:
-            filepath: str. A file written by `save_lora_weights`.
-        """
-        sublayers.load_lora_weights(self, filepath)
 
     def _where(self):
         return f"{type(self).__name__} (layer '{self.name}')"
