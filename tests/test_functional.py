@@ -291,7 +291,7 @@ def test_memory_efficient_path_equals_reference(layout, causal):
     padding = np.arange(key_length)[None, :] < np.array([[300], [key_length]])
     mask = np.broadcast_to(padding[:, None, :], (2, length, key_length)).copy()
     mask[1, 7] = False  # a query that sees no key
-    if not _kernels._has_fused_kernel():
+    if not _kernels.has_fused_kernel():
         assert _kernels.select(ops.convert_to_tensor(q), k) == "chunked"
     fast = assert_dispatch_equals_reference(q, k, v, mask, causal)
     assert np.all(to_numpy(fast)[1, 7] == 0)

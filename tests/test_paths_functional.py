@@ -171,7 +171,7 @@ def test_dispatch_rule_at_the_threshold(length):
     q = ops.zeros((1, length, 2, 4))
     k = ops.zeros((1, _kernels.CHUNK_SIZE, 2, 4))
     chosen = _kernels.select(q, k)
-    if _kernels._has_fused_kernel():
+    if _kernels.has_fused_kernel():
         assert chosen == "fused"
     else:
         assert chosen == ("chunked" if length >= 512 else "reference")

@@ -18,6 +18,8 @@ from keras import ops
 import keras_attention as ka
 from keras_attention import _kernels
 from keras_attention import functional as F
+from keras_attention._core import Structure
+from keras_attention._core import alibi_slopes
 from tests.autodiff import KERNEL_PATHS
 from tests.autodiff import path_context
 from tests.autodiff import value_and_grads
@@ -198,21 +200,22 @@ def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
     """Hand-counted block pairs for blocks of 3, both passes; they are
     exactly the pairs in which the reference mask sees something. On
     PyTorch, whose loops run eagerly, also the pairs computed."""
-    from keras_attention._kernels import chunked
+    from keras_attention._kernels.blockwise import blocks as block_ops
+    from keras_attention._kernels.blockwise.plan import Plan
 
     batch = len(arguments.get("segment_ids", [None]))
     shape = (batch, length, 1, 2), (batch, key_length, 1, 2)
     q, k = ops.zeros(shape[0]), ops.zeros(shape[1])
-    structure = _kernels.structure.normalize(
-        "test",
-        batch,
-        length,
-        key_length,
-        arguments.get("is_causal", False),
-        arguments.get("sliding_window"),
-        arguments.get("segment_ids"),
+    structure = Structure.from_args(
+        where="test",
+        batch=batch,
+        query_length=length,
+        key_length=key_length,
+        is_causal=arguments.get("is_causal", False),
+        sliding_window=arguments.get("sliding_window"),
+        segment_ids=arguments.get("segment_ids"),
     )
-    plan = chunked._Plan(q, k, k, None, structure, 1.0, 3)
+    plan = Plan(q, k, k, None, structure, 1.0, 3)
 
     def blocks(bounds):
         return range(*(int(ops.convert_to_numpy(b)) for b in bounds))
@@ -247,16 +250,16 @@ def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
     if keras.backend.backend() != "torch":
         return
     calls = []
-    original = chunked._hide
+    original = block_ops.hide
     try:
-        chunked._hide = lambda *args: calls.append(args[2:4]) or original(*args)
+        block_ops.hide = lambda *a: calls.append(a[2:4]) or original(*a)
         q = ops.convert_to_tensor(rng(0).standard_normal(shape[0]), "float32")
         q.requires_grad_()
         with _kernels.force("chunked", chunk_size=3):
             out = F.scaled_dot_product_attention(q, k, k, **arguments)
         out.sum().backward()
     finally:
-        chunked._hide = original
+        block_ops.hide = original
     # Each pair once forward, once backward.
     assert len(calls) == len(forward) + len(backward)
     assert {tuple(int(x) for x in pair) for pair in calls} == (
@@ -289,7 +292,7 @@ def test_bottom_right_is_top_left_shifted_by_the_cache():
 def test_alibi_slopes_follow_the_paper():
     """Powers of two `2^(-8h/n)`; 6 heads take the 4-head slopes, then
     every other slope of the 8-head set."""
-    slopes = _kernels.structure.alibi_slopes
+    slopes = alibi_slopes
     assert slopes(8) == [2.0**-h for h in range(1, 9)]
     assert slopes(4) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
     assert slopes(6) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]

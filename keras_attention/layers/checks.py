@@ -4,10 +4,10 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import _core
 from keras_attention import functional
 from keras_attention._kernels import static_dim
 from keras_attention._kernels import static_int
-from keras_attention._kernels import structure
 
 
 def positive_int(value) -> bool:
@@ -165,8 +165,8 @@ def explicit_positions(where, inputs, positions, segment_ids, start_index=0):
     )
     if given is None:
         return None
-    if not structure.is_tensor(given):
-        structure.host_integers(where, name, given)
+    if not _core.is_tensor(given):
+        _core.host_integers(where, name, given)
         given = ops.convert_to_tensor(given)
     dtype = keras.backend.standardize_dtype(given.dtype)
     expected = (static_dim(inputs.shape[0]), static_dim(inputs.shape[1]))

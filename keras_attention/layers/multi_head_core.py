@@ -6,9 +6,10 @@ N query heads, K key/value heads, H head dim, V value head dim.
 
 import keras
 
-from keras_attention import _explain
+from keras_attention import _core
 from keras_attention import _kernels
 from keras_attention import functional
+from keras_attention._core import Structure
 from keras_attention.layers import checks
 from keras_attention.layers import sublayers
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
@@ -151,22 +152,22 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             dtype,
         )
         self._check_segments(segment_ids, batch_size, length, key_length)
-        structure = _kernels.structure.normalize(
-            self._where(),
-            batch_size,
-            length,
-            key_length,
-            bool(use_causal_mask),
-            self.sliding_window,
-            segment_ids,
-            self.alibi,
-            self.logit_soft_cap,
+        structure = Structure.from_args(
+            where=self._where(),
+            batch=batch_size,
+            query_length=length,
+            key_length=key_length,
+            is_causal=bool(use_causal_mask),
+            sliding_window=self.sliding_window,
+            segment_ids=segment_ids,
+            alibi=self.alibi,
+            logit_soft_cap=self.logit_soft_cap,
         )
         dropout = self.dropout > 0 and training
         reason = None
         if dropout:
             reason = "attention dropout in training needs the weights"
-        return _explain.explain(
+        return _kernels.explain_call(
             query,
             key,
             value,
@@ -194,16 +195,11 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
                 f"num_heads={self.num_heads}, "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
-        _kernels.structure.normalize(
-            where,
-            None,
-            1,
-            1,
-            False,
-            self.sliding_window,
-            None,
-            self.alibi,
-            self.logit_soft_cap,
+        Structure.from_args(
+            where=where,
+            sliding_window=self.sliding_window,
+            alibi=self.alibi,
+            logit_soft_cap=self.logit_soft_cap,
         )  # checks the structural arguments
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(
@@ -350,7 +346,8 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         Returns `(outputs, scores)`, scores `(B, N, T, S)` or `None`.
         """
         scores = None
-        structure = functional._structure(
+        structure = Structure.of_call(
+            self._where(),
             query_heads,
             key_heads,
             offset=offset,
@@ -361,27 +358,31 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             logit_soft_cap=self.logit_soft_cap,
         )
         if self.dropout > 0 and training:
-            scores = functional._weights(
+            scores = _core.reference_weights(
                 query_heads, key_heads, mask, structure
             )  # (B, N, T, S)
             dropped = self.attention_dropout(scores, training=training)
             heads = functional.attend(dropped, value_heads)  # (B, T, N, V)
         else:
-            heads = functional._attention(
+            heads = _kernels.attention(
                 query_heads,
                 key_heads,
                 value_heads,
                 mask,
                 structure,
-                weights=return_attention_scores,
+                return_weights=return_attention_scores,
             )  # (B, T, N, V)
             if return_attention_scores:
                 heads, scores = heads
         return invoke(self.output_dense, heads), scores  # (B, T, D)
 
     def _check_segments(self, segment_ids, batch, length, key_length):
-        _kernels.structure.normalize(
-            self._where(), batch, length, key_length, False, None, segment_ids
+        Structure.from_args(
+            where=self._where(),
+            batch=batch,
+            query_length=length,
+            key_length=key_length,
+            segment_ids=segment_ids,
         )
 
     def _check_mask(self, name, mask, expected):

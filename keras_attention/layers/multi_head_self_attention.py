@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_attention import _kernels
 from keras_attention import functional
+from keras_attention._core import structure
 from keras_attention.layers import checks
 from keras_attention.layers.multi_head_core import MultiHeadCore
 
@@ -312,7 +313,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
         """Positions a rolling cache keeps, or `None` without a window:
         no query sees further back than `left` positions (`w - 1` for an
         int window `w`), so `left + 1` are enough."""
-        window = _kernels.structure.window(self._where(), self.sliding_window)
+        window = structure.window(self._where(), self.sliding_window)
         return None if window is None else window[0] + 1
 
     def _is_rolling(self, cache) -> bool:

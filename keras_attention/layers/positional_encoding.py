@@ -6,6 +6,7 @@ Shape legend: B batch, T sequence length, D model dim.
 import keras
 from keras import ops
 
+from keras_attention import _core
 from keras_attention import functional
 from keras_attention.layers import checks
 
@@ -87,7 +88,7 @@ class PositionalEncoding(keras.layers.Layer):
                 length, dim, start_index, self.max_wavelength
             )[None]  # (1, T, ⌈D/2⌉)
         else:
-            angles = functional._angles_at(
+            angles = _core.angles(
                 positions, dim, self.max_wavelength
             )  # (B, T, ⌈D/2⌉)
         encoding = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)

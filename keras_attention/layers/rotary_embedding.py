@@ -6,6 +6,7 @@ Shape legend: B batch, T sequence length, N heads, H head dim.
 import keras
 from keras import ops
 
+from keras_attention import _core
 from keras_attention import functional
 from keras_attention.layers import checks
 
@@ -91,7 +92,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 length, dim, start_index, self.max_wavelength
             )  # (T, H/2)
         else:
-            angles = functional._angles_at(
+            angles = _core.angles(
                 positions, dim, self.max_wavelength
             )  # (B, T, H/2)
         angles = ops.concatenate([angles, angles], axis=-1)  # (B|, T, H)

@@ -6,7 +6,7 @@ Shape legend: B batch, T sequence length, D model dim, F intermediate dim.
 
 import keras
 
-from keras_attention import _kernels
+from keras_attention._core import Structure
 from keras_attention.layers import checks
 from keras_attention.layers import sublayers
 from keras_attention.layers.multi_head_self_attention import (
@@ -79,10 +79,12 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         if isinstance(sliding_window, list):  # from a JSON config
             sliding_window = tuple(sliding_window)
-        _kernels.structure.normalize(
-            where, None, 1, 1, False, sliding_window, None, alibi,
-            logit_soft_cap,
-        )  # fmt: skip
+        Structure.from_args(
+            where=where,
+            sliding_window=sliding_window,
+            alibi=alibi,
+            logit_soft_cap=logit_soft_cap,
+        )  # checks the structural arguments
         self.sliding_window = sliding_window
         self.alibi = alibi
         self.logit_soft_cap = logit_soft_cap
@@ -148,8 +150,12 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         """The block's own masks and segment ids, checked under its name
         (not a sublayer's)."""
         batch, length = inputs.shape[0], inputs.shape[1]
-        _kernels.structure.normalize(
-            self._where(), batch, length, length, False, None, segment_ids
+        Structure.from_args(
+            where=self._where(),
+            batch=batch,
+            query_length=length,
+            key_length=length,
+            segment_ids=segment_ids,
         )
         checks.check_mask(
             self._where(), "padding_mask", padding_mask, (batch, length)

@@ -6,7 +6,7 @@ D model dim, N heads, K key/value heads, H head dim.
 
 import keras
 
-from keras_attention import _kernels
+from keras_attention._core import Structure
 from keras_attention.layers import checks
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.sublayers import invoke
@@ -383,14 +383,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 "encoder_outputs=None"
             )
         segments = (segment_ids, encoder_segment_ids)
-        _kernels.structure.normalize(
-            self._where(),
-            inputs.shape[0],
-            inputs.shape[1],
-            source_length,
-            False,
-            None,
-            segments,
+        Structure.from_args(
+            where=self._where(),
+            batch=inputs.shape[0],
+            query_length=inputs.shape[1],
+            key_length=source_length,
+            segment_ids=segments,
         )  # checks both
         return segments
 

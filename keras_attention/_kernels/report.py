@@ -1,13 +1,14 @@
-"""What `functional.explain` reports: the path attention takes, why each
-faster path was refused, and how the structure reaches that path.
+"""What `functional.explain` and the layers' `explain` report: the path
+attention takes, why each faster path was refused, and how the structure
+reaches that path.
 
-It asks the same rule the dispatch uses (`_kernels.choose`), so the
+It asks the same rule the dispatch uses (`dispatch.choose`), so the
 report cannot disagree with what runs.
 """
 
 import keras
 
-from keras_attention import _kernels
+from keras_attention._kernels import dispatch
 
 _PATH_NAMES = {
     "fused": "fused kernel",
@@ -46,10 +47,10 @@ class Explanation:
         return f"Explanation(path={self.path!r}, refused={self.refused!r})"
 
 
-def explain(query, key, value, mask, structure, weights, reason=None):
+def explain_call(query, key, value, mask, structure, weights, reason=None):
     """The `Explanation` of one call; `reason`, if given, is why the
     weights are needed (it replaces the generic one)."""
-    path, refused = _kernels.choose(
+    path, refused = dispatch.choose(
         query, key, value, weights=weights, structure=structure
     )
     if weights and reason is not None:

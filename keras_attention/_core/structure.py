@@ -1,8 +1,9 @@
 """Attention structure: which keys each query may see, besides a mask.
 
 The structural arguments of `scaled_dot_product_attention` (`is_causal`,
-`sliding_window`, `segment_ids`) are checked and normalised here, once,
-into a `Structure`; each path lowers it its own way. The chunked path
+`sliding_window`, `segment_ids`, `alibi`, `logit_soft_cap`) are checked
+and normalised here, once, into a `Structure` (`Structure.from_args`);
+each path lowers it its own way. The chunked path
 visits only the key blocks a query block can see and applies the rest
 inside each block; the fused path hands PyTorch its causal flag where
 that is the whole structure; the reference path builds the dense mask.
@@ -22,8 +23,10 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attention._kernels.runtime import is_symbolic_dim
-from keras_attention._kernels.runtime import static_dim
+from keras_attention._core.checks import check_length
+from keras_attention._core.checks import host_integers
+from keras_attention._core.checks import is_tensor
+from keras_attention._core.checks import static_dim
 
 ALIGNMENTS = ("top_left", "bottom_right")
 # A band bound this wide reaches every key of any sequence that fits in
@@ -61,6 +64,64 @@ class Structure:
             right = 0 if right is None else min(right, 0)
         self.left, self.right = left, right
         self.query_segments, self.key_segments = segments
+
+    @classmethod
+    def from_args(
+        cls,
+        *,
+        where,
+        batch=None,
+        query_length=None,
+        key_length=None,
+        is_causal=False,
+        sliding_window=None,
+        segment_ids=None,
+        alibi=False,
+        logit_soft_cap=None,
+        offset=None,
+    ):
+        """Checks the structural arguments of a call with `batch` rows,
+        `T = query_length` queries and `S = key_length` keys (ints, `None`
+        where unknown, or scalar tensors) and returns their `Structure`.
+
+        The arguments mean what they mean in `scaled_dot_product_attention`.
+        `offset`, if given, is the position of query 0 among the keys (a
+        static-size KV cache) and replaces the one `is_causal` implies.
+
+        Raises:
+            ValueError: naming `where`, the argument and what was received.
+        """
+        check_length(where, "query_length", query_length)
+        check_length(where, "key_length", key_length)
+        alignment = _alignment(where, is_causal)
+        window_ = window(where, sliding_window)
+        segments = _segments(
+            where, (batch, query_length), (batch, key_length), segment_ids
+        )
+        _check_alibi(where, alibi)
+        _check_soft_cap(where, logit_soft_cap)
+        if offset is None:
+            offset = 0
+            # Unknown lengths (a symbolic check) leave the offset to the run.
+            known = None not in (query_length, key_length)
+            if alignment == "bottom_right" and known:
+                offset = key_length - query_length
+        soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
+        return cls(bool(is_causal), offset, window_, segments, alibi, soft_cap)
+
+    @classmethod
+    def of_call(cls, where, query, key, **arguments):
+        """`from_args` for a call on `query` `(B, T, ...)` and `key`
+        `(B, S, ...)`: the batch and lengths are read from their shapes
+        (static where known, else scalar tensors)."""
+        batch, query_length, key_length = lengths(query, key)
+        return cls.from_args(
+            where=where,
+            batch=batch,
+            query_length=query_length,
+            key_length=key_length,
+            **arguments,
+        )
 
     @property
     def has_band(self) -> bool:
@@ -148,28 +209,14 @@ def segments_visible(query_segments, key_segments):
     return ops.logical_and(ops.equal(queries, keys), ops.not_equal(keys, 0))
 
 
-def normalize(
-    where, batch, query_length, key_length, is_causal, sliding_window,
-    segment_ids, alibi=False, logit_soft_cap=None,
-):  # fmt: skip
-    """Checks the structural arguments of a call with `batch` rows, `T =
-    query_length` queries and `S = key_length` keys (ints, `None` where
-    unknown, or scalar tensors) and returns their `Structure`.
-
-    Raises:
-        ValueError: naming `where`, the argument and what was received.
-    """
-    _check_length(where, "query_length", query_length)
-    _check_length(where, "key_length", key_length)
-    alignment = _alignment(where, is_causal)
-    window_ = window(where, sliding_window)
-    segments = _segments(
-        where, (batch, query_length), (batch, key_length), segment_ids
-    )
+def _check_alibi(where, alibi):
     if not isinstance(alibi, bool):
         raise ValueError(
             f"{where}: `alibi` must be True or False. Received: alibi={alibi!r}"
         )
+
+
+def _check_soft_cap(where, logit_soft_cap):
     if logit_soft_cap is not None and not (
         isinstance(logit_soft_cap, (int, float))
         and not isinstance(logit_soft_cap, bool)
@@ -179,14 +226,6 @@ def normalize(
             f"{where}: `logit_soft_cap` must be a positive finite number or "
             f"None. Received: logit_soft_cap={logit_soft_cap!r}"
         )
-    offset = 0
-    # Unknown lengths (a symbolic check) leave the offset to the run.
-    if alignment == "bottom_right" and None not in (query_length, key_length):
-        offset = key_length - query_length
-    soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
-    return Structure(
-        bool(is_causal), offset, window_, segments, alibi, soft_cap
-    )
 
 
 def lengths(query, key):
@@ -267,70 +306,6 @@ def _segments(where, query_shape, key_shape, segment_ids):
             )
         ids.append(ids_)  # compared in their own dtype: no wrap-around
     return tuple(ids)
-
-
-def is_tensor(x) -> bool:
-    """A backend tensor or a `keras.KerasTensor` (not host data)."""
-    return isinstance(x, keras.KerasTensor) or ops.is_tensor(x)
-
-
-def host_integers(where, name, value):
-    """Checks host data (a list, a NumPy array or number) given as integer
-    ids or positions, and returns it as a NumPy array.
-
-    What is not a numeric array (a string, `None`, a ragged list) is
-    refused here rather than by the backend's conversion. Float and bool
-    arrays pass: the caller names their dtype with the expected shape.
-    JAX holds integers in 32 bits unless 64-bit types are enabled: values
-    beyond that range would wrap into others, so they are refused there.
-
-    Raises:
-        ValueError: naming `where`, `name` and what was received.
-    """
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError):  # a ragged list
-        array = np.asarray(None)
-    if array.dtype.kind not in "biuf":
-        raise ValueError(
-            f"{where}: `{name}` must be an integer tensor or array. "
-            f"Received: {name} of type {type(value).__name__}"
-            + ("" if array.dtype.kind == "O" else f", dtype={array.dtype}")
-        )
-    if array.dtype.kind not in "iu" or array.size == 0:
-        return array
-    info = np.iinfo("int32")
-    if keras.backend.backend() == "jax" and (
-        array.max() > info.max or array.min() < info.min
-    ):
-        import jax
-
-        if not jax.config.jax_enable_x64:
-            raise ValueError(
-                f"{where}: `{name}` must fit in int32 on JAX (64-bit types "
-                f"are disabled). Received: {name} from {array.min()} to "
-                f"{array.max()}"
-            )
-    return array
-
-
-def _check_length(where, name, length):
-    """A length given as a number (to `structure_mask`) is an int >= 0;
-    `None`, tensors and symbolic dims (lengths known when the call runs)
-    pass."""
-    if length is None or is_tensor(length) or is_symbolic_dim(length):
-        return
-    if isinstance(length, np.ndarray) and length.ndim == 0:
-        length = length.item()
-    if (
-        isinstance(length, (bool, np.bool_))
-        or not isinstance(length, (int, np.integer))
-        or length < 0
-    ):
-        raise ValueError(
-            f"{where}: `{name}` must be a non-negative integer. "
-            f"Received: {name}={length!r}"
-        )
 
 
 def _matches(shape, expected):

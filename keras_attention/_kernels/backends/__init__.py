@@ -1,0 +1,42 @@
+"""The primitives each backend provides, one module a backend.
+
+Every module here defines the same names, so the rest of the kernels ask
+`current()` for a primitive instead of branching on the backend:
+
+* `custom_gradient(forward, backward)`: a function with a hand-written
+  backward pass (`jax.custom_vjp`, `tf.custom_gradient`,
+  `torch.autograd.Function`);
+* `fori_loop(start, end, body, carry)`: a loop over a traced range;
+* `scan_carries(f, init, xs)`: every carry of a scan, stacked;
+* `write_kv_cache(cache, key, value, index)`: the KV-cache write;
+* `fused_kernel(query, key, value, mask, is_causal, scale, bias)` (the
+  backend's attention kernel, which every backend has so that the path
+  can be forced and checked), `has_fused_kernel()` (whether it is worth
+  choosing on this device) and `fused_refusal(query, value)` (inputs it
+  cannot take);
+* running programs: `without_gradients()`, `compile_function(fn)`,
+  `PROGRAMS_TAKE_VARIABLES`, `is_symbolic_dim(value)`, `is_exporting()`,
+  `concrete_int(tensor)` (a 0-d tensor's value, or `None` when reading
+  it would bake a traced value or synchronise a device), and
+  `device_name()`.
+
+A module is imported when it is first asked for, so a user with one
+backend installed never imports the others.
+"""
+
+import functools
+import importlib
+
+import keras
+
+
+@functools.cache
+def _module(backend):
+    return importlib.import_module(
+        f"keras_attention._kernels.backends.{backend}"
+    )
+
+
+def current():
+    """The primitives module of Keras's backend."""
+    return _module(keras.backend.backend())

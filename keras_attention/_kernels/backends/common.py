@@ -1,0 +1,40 @@
+"""What the backends' primitives share: Keras's own fused attention and
+the slice-update KV-cache write.
+
+Shape legend: B batch, T query length, S key length, S_max cache length,
+N query heads, K key/value heads, H head dim, V value head dim.
+"""
+
+from keras import ops
+
+from keras_attention._core import large_negative
+
+
+def keras_kernel(query, key, value, mask, is_causal, scale, bias=None):
+    """`keras.ops.dot_product_attention` on `(B, T, N, H)` heads, with an
+    additive `bias` `(1, N, T, S)` if given (Keras takes a bias or a mask,
+    not both: the mask is folded into the bias)."""
+    if bias is not None:
+        bias = ops.cast(bias, query.dtype)
+        if mask is not None:
+            negative = ops.cast(large_negative(query.dtype), query.dtype)
+            bias = ops.where(mask, bias, negative)
+            mask = None
+    return ops.dot_product_attention(
+        query,
+        key,
+        value,
+        bias=bias,
+        mask=mask,
+        scale=scale,
+        is_causal=is_causal,
+    )  # (B, T, N, V)
+
+
+def slice_write_kv_cache(cache, key, value, index):
+    """The cache halves updated apart and stacked: under XLA, slicing the
+    halves back out of an updated cache inside a decoding loop would cost
+    another copy of the cache per step."""
+    keys = ops.slice_update(cache[:, 0], (0, index, 0, 0), key)
+    values = ops.slice_update(cache[:, 1], (0, index, 0, 0), value)
+    return ops.stack([keys, values], axis=1), keys, values

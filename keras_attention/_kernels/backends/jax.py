@@ -1,0 +1,88 @@
+"""JAX's primitives (see `backends`)."""
+
+import contextlib
+
+import jax
+import keras
+
+from keras_attention._kernels.backends import common
+
+PROGRAMS_TAKE_VARIABLES = True  # a jitted program gets the variables' values
+fused_kernel = common.keras_kernel  # cuDNN's flash attention on a GPU
+write_kv_cache = common.slice_write_kv_cache
+
+
+def custom_gradient(forward, backward):
+    """`fn(query, key, value, tensors)` whose value is `forward(...)[0]`
+    and whose gradients are `backward(tensors, residuals, grad)`; the
+    tensors (mask, segment ids) get none."""
+
+    @jax.custom_vjp
+    def fn(query, key, value, tensors):
+        return forward(query, key, value, tensors)[0]
+
+    def fn_forward(query, key, value, tensors):
+        output, residuals = forward(query, key, value, tensors)
+        return output, (residuals, tensors)
+
+    def fn_backward(saved, grad):
+        residuals, tensors = saved
+        return (*backward(tensors, residuals, grad), None)
+
+    fn.defvjp(fn_forward, fn_backward)
+    return fn
+
+
+def fori_loop(start, end, body, carry):
+    return keras.ops.fori_loop(start, end, body, carry)
+
+
+def scan_carries(f, init, xs):
+    return keras.ops.scan(lambda c, x: (f(c, x),) * 2, init, xs)[1]
+
+
+def has_fused_kernel() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def fused_refusal(query, value):
+    """JAX's kernel needs the value head dim to equal the key head dim,
+    and on CPU (its XLA implementation) it cannot multiply float16 into
+    float32."""
+    if query.shape[-1] != value.shape[-1]:
+        return (
+            "JAX's kernel needs equal query and value head dims "
+            f"(received {query.shape[-1]} and {value.shape[-1]})"
+        )
+    dtype = keras.backend.standardize_dtype(query.dtype)
+    if jax.default_backend() == "cpu" and dtype == "float16":
+        return "JAX's kernel on CPU cannot compute in float16"
+    return None
+
+
+def device_name() -> str:
+    return f"JAX ({jax.default_backend().upper()})"
+
+
+def without_gradients():
+    return contextlib.nullcontext()  # JAX records only when asked
+
+
+def compile_function(fn):
+    return jax.jit(fn)
+
+
+def is_symbolic_dim(value) -> bool:
+    return jax.export.is_symbolic_dim(value)
+
+
+def is_exporting() -> bool:
+    return False
+
+
+def concrete_int(value):
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if any(device.platform != "cpu" for device in value.devices()):
+        return None  # reading it back would synchronise the device
+    return int(value)

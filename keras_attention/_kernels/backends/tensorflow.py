@@ -1,0 +1,105 @@
+"""TensorFlow's primitives (see `backends`).
+
+Shape legend: B batch, T new tokens, S_max cache length, K key/value
+heads, H head dim.
+"""
+
+import contextlib
+
+import keras
+import tensorflow as tf
+
+from keras_attention._kernels.backends import common
+
+PROGRAMS_TAKE_VARIABLES = False  # a graph reads the variables itself
+# Keras's attention, unfused on TensorFlow's CPU: never chosen by the
+# dispatch (`has_fused_kernel`), but it can be forced and checked.
+fused_kernel = common.keras_kernel
+
+
+def custom_gradient(forward, backward):
+    """`fn(query, key, value, tensors)` whose value is `forward(...)[0]`
+    and whose gradients are `backward(tensors, residuals, grad)`; the
+    tensors (mask, segment ids) get none."""
+
+    def fn(query, key, value, tensors):
+        @tf.custom_gradient
+        def attend(query, key, value):
+            output, residuals = forward(query, key, value, tensors)
+            return output, lambda grad: backward(tensors, residuals, grad)
+
+        return attend(query, key, value)
+
+    return fn
+
+
+def fori_loop(start, end, body, carry):
+    """One iteration at a time: a graph's while loop otherwise runs up to
+    ten iterations at once, each holding its own copy of the whole-length
+    buffers it updates."""
+    return tf.while_loop(
+        lambda i, carry: i < end,
+        lambda i, carry: (i + 1, body(i, carry)),
+        (start, carry),
+        parallel_iterations=1,
+    )[1]
+
+
+def scan_carries(f, init, xs):
+    """`tf.scan` keeps the carry in loop tensors, where Keras's scan keeps
+    it in TensorArrays, which tf2onnx cannot convert to ONNX."""
+    return tf.scan(f, xs, initializer=init)
+
+
+def write_kv_cache(cache, key, value, index):
+    """Scatters the new rows: TensorFlow's `DynamicUpdateSlice` op (what
+    `slice_update` becomes) has no ONNX conversion (tf2onnx), and a
+    scatter is as fast without XLA."""
+    keys = _scatter_rows(cache[:, 0], key, index)  # (B, S_max, K, H)
+    values = _scatter_rows(cache[:, 1], value, index)  # (B, S_max, K, H)
+    return keras.ops.stack([keys, values], axis=1), keys, values
+
+
+def _scatter_rows(tensor, update, index):
+    """`tensor` `(B, S_max, K, H)` with rows `index ... index + T - 1`
+    replaced by those of `update` `(B, T, K, H)`."""
+    batch, length = tf.shape(update)[0], tf.shape(update)[1]
+    rows = tf.cast(index, "int32") + tf.range(length)  # (T,)
+    b, t = tf.meshgrid(tf.range(batch), rows, indexing="ij")  # (B, T)
+    indices = tf.stack([b, t], axis=-1)  # (B, T, 2)
+    return tf.tensor_scatter_nd_update(tensor, indices, update)
+
+
+def has_fused_kernel() -> bool:
+    return False
+
+
+def fused_refusal(query, value):
+    return None
+
+
+def device_name() -> str:
+    return "TensorFlow"
+
+
+def without_gradients():
+    return contextlib.nullcontext()  # TensorFlow records only when asked
+
+
+def compile_function(fn):
+    return tf.function(fn, jit_compile=True, autograph=False)
+
+
+def is_symbolic_dim(value) -> bool:
+    return False
+
+
+def is_exporting() -> bool:
+    return False
+
+
+def concrete_int(value):
+    if tf.executing_eagerly():
+        return int(value.numpy())
+    known = tf.get_static_value(value)
+    return None if known is None else int(known)

@@ -1,0 +1,141 @@
+"""PyTorch's primitives (see `backends`).
+
+Shape legend: B batch, T query length, S key length, N query heads,
+K key/value heads, H head dim, V value head dim.
+"""
+
+import keras
+import torch
+from keras import ops
+
+from keras_attention._core import large_negative
+from keras_attention._kernels.backends.common import keras_kernel
+
+PROGRAMS_TAKE_VARIABLES = False  # the loop runs eagerly
+
+
+def custom_gradient(forward, backward):
+    """`fn(query, key, value, tensors)` whose value is `forward(...)[0]`
+    and whose gradients are `backward(tensors, residuals, grad)`; the
+    tensors (mask, segment ids) get none."""
+
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, query, key, value, tensors):
+            output, residuals = forward(query, key, value, tensors)
+            ctx.save_for_backward(*residuals)
+            ctx.tensors = tensors
+            return output
+
+        @staticmethod
+        def backward(ctx, grad):
+            return (*backward(ctx.tensors, ctx.saved_tensors, grad), None)
+
+    return Attention.apply
+
+
+def fori_loop(start, end, body, carry):
+    return ops.fori_loop(start, end, body, carry)
+
+
+def scan_carries(f, init, xs):
+    return ops.scan(lambda c, x: (f(c, x),) * 2, init, xs)[1]
+
+
+def write_kv_cache(cache, key, value, index):
+    """One update of the stacked cache (the halves are views of it): eager
+    PyTorch copies a tensor per functional update."""
+    update = ops.stack([key, value], axis=1)  # (B, 2, T, K, H)
+    start = (0, 0, index, 0, 0)
+    if ops.is_tensor(index):
+        # A tensor start becomes the indices of an `index_put_`, which
+        # ONNX (`ScatterND`) takes in int64 only, all of one dtype.
+        zero = ops.zeros((), "int64")
+        start = (zero, zero, ops.cast(index, "int64"), zero, zero)
+    cache = ops.slice_update(cache, start, update)
+    return cache, cache[:, 0], cache[:, 1]
+
+
+def has_fused_kernel() -> bool:
+    return True
+
+
+def fused_refusal(query, value):
+    return None
+
+
+def fused_kernel(query, key, value, mask, is_causal, scale, bias=None):
+    """`torch.nn.functional.scaled_dot_product_attention` on transposed
+    views of `(B, T, N, H)` heads, with grouped-query heads left to the
+    kernel: `keras.ops.dot_product_attention` copies the keys and values
+    into contiguous, repeated heads first, which for a decoding step means
+    copying the whole KV cache. The mask becomes additive (0 or the
+    masking constant), so that a row with no visible key stays finite (it
+    is zeroed by the caller)."""
+    dtypes = {
+        keras.backend.standardize_dtype(x.dtype) for x in (query, key, value)
+    }
+    if len(dtypes) > 1:
+        return keras_kernel(query, key, value, mask, is_causal, scale, bias)
+    query, key, value = (
+        ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value)
+    )  # (B, N, T, H), (B, K, S, H), (B, K, S, V)
+    if mask is not None:
+        negative = large_negative(dtypes.pop())
+        mask = torch.where(
+            ops.convert_to_tensor(mask),
+            torch.zeros((), dtype=query.dtype, device=query.device),
+            torch.full((), negative, dtype=query.dtype, device=query.device),
+        )
+    if bias is not None:
+        bias = ops.convert_to_tensor(bias).to(query.dtype)
+        mask = bias if mask is None else mask + bias
+    grouped = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=scale,
+        **grouped,
+    )  # (B, N, T, V)
+    return output.transpose(1, 2)  # (B, T, N, V)
+
+
+def device_name() -> str:
+    return "torch"
+
+
+def without_gradients():
+    return torch.no_grad()
+
+
+def compile_function(fn):
+    """PyTorch has no compiler that traces Keras layers without graph
+    breaks: `fn` runs eagerly."""
+    return fn
+
+
+def is_symbolic_dim(value) -> bool:
+    return isinstance(value, (torch.SymInt, torch.Tensor))
+
+
+def is_exporting() -> bool:
+    """Whether PyTorch is tracing (`torch.jit.trace`, the TorchScript
+    ONNX exporter) or exporting (`torch.export`) the running code."""
+    # `torch.compiler.is_exporting` is new in PyTorch 2.7.
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return torch.jit.is_tracing() or exporting()
+
+
+def concrete_int(value):
+    # Traced, exported or compiled, a value read back would be baked into
+    # the program (or break the graph).
+    if (
+        value.device.type != "cpu"
+        or is_exporting()
+        or torch.compiler.is_compiling()
+    ):
+        return None
+    return int(value.item())

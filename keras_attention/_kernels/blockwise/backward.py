@@ -1,0 +1,74 @@
+"""The backward pass, as in FlashAttention-2 (Dao 2023): for each key
+block, the query blocks that see it, with each block's weights recomputed
+from the forward pass's log-sum-exps.
+
+Shape legend: B batch, T query length, S key length, C block rows,
+N query heads, K key/value heads, G = N // K queries per key/value head,
+H head dim, V value head dim, P = B x K.
+"""
+
+from keras import ops
+
+from keras_attention._kernels.blockwise import blocks
+
+
+def backward(plan, query, key, value, tensors, outputs, lse, grad):
+    """Gradients of the blocked query, key and value (the query's without
+    the scale), in the compute dtype."""
+    c, groups = plan.block, plan.groups
+    delta = ops.sum(grad * outputs, axis=-1)  # (P, G, T')
+
+    def key_block(j, carry, padded):
+        grad_query, grad_key, grad_value = carry
+        k, v = blocks.key_rows(key, j, c), blocks.key_rows(value, j, c)
+
+        def query_block(i, state, edge):
+            grad_query, grad_k, grad_v = state
+            q = blocks.query_rows(query, i, c)  # (P, G*C, H)
+            do = blocks.query_rows(grad, i, c)  # (P, G*C, V)
+            logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
+            logits, slope = blocks.transform(plan, i, j, logits)
+            logits = blocks.hide(plan, tensors, i, j, logits, edge)
+            # The forward's weights; hidden logits give exp(masked) = 0.
+            p = ops.exp(logits - blocks.query_rows(lse, i, c)[..., None])
+            grad_v = grad_v + ops.matmul(ops.swapaxes(p, 1, 2), do)
+            grad_p = ops.matmul(do, ops.swapaxes(v, 1, 2))  # (P, G*C, C)
+            grad_logits = p * (
+                grad_p - blocks.query_rows(delta, i, c)[..., None]
+            )
+            if slope is not None:  # through the soft cap
+                grad_logits = grad_logits * slope
+            grad_k = grad_k + ops.matmul(ops.swapaxes(grad_logits, 1, 2), q)
+            grad_q = blocks.query_rows(grad_query, i, c) + ops.matmul(
+                grad_logits, k
+            )
+            grad_query = blocks.write_rows(grad_query, grad_q, i, c, groups)
+            return grad_query, grad_k, grad_v
+
+        start, end = plan.query_range(j, tensors)
+        state = (grad_query, ops.zeros_like(k), ops.zeros_like(v))
+        if plan.general:
+            state = blocks.loop(
+                start, end, query_block, state, edge=plan.full_edge
+            )
+        else:
+            # The diagonal block, first in the range, is the causal edge.
+            diagonal = blocks.Edge(causal=plan.is_causal, padded=padded)
+            first_end = blocks.minimum(start + 1, end)
+            state = blocks.loop(
+                start, first_end, query_block, state, edge=diagonal
+            )
+            interior = blocks.Edge(padded=padded)
+            state = blocks.loop(
+                start + 1, end, query_block, state, edge=interior
+            )
+        grad_query, grad_k, grad_v = state
+        grad_key = ops.slice_update(grad_key, (0, j * c, 0), grad_k)
+        grad_value = ops.slice_update(grad_value, (0, j * c, 0), grad_v)
+        return grad_query, grad_key, grad_value
+
+    carry = (ops.zeros_like(query), ops.zeros_like(key), ops.zeros_like(value))
+    # Only the last key block holds padded keys.
+    last = plan.key_blocks - 1 if plan.key_edge.padded else plan.key_blocks
+    carry = blocks.loop(0, last, key_block, carry, padded=False)
+    return blocks.loop(last, plan.key_blocks, key_block, carry, padded=True)

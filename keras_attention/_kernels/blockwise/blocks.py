@@ -1,0 +1,138 @@
+"""What the forward and backward loops share: loops over block ranges,
+reading and writing a block's rows, and the logits of one block pair
+(soft cap, ALiBi, hidden positions).
+
+Shape legend: B batch, T query length, S key length, C block rows,
+N query heads, K key/value heads, G = N // K queries per key/value head,
+H head dim, V value head dim, P = B x K.
+"""
+
+from keras import ops
+
+from keras_attention._core import segments_visible
+from keras_attention._kernels import backends
+
+
+def minimum(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return ops.minimum(a, b)
+
+
+def floor_divide(a, b):
+    return a // b if isinstance(a, int) else ops.floor_divide(a, b)
+
+
+def clip(x, low, high):
+    if isinstance(x, int):
+        return min(max(x, low), high)
+    return ops.clip(x, low, high)
+
+
+def loop(start, end, body, carry, **flags):
+    """`body(i, carry, **flags)` for `i` in `[start, end)`; nothing when
+    the range is statically empty."""
+    if isinstance(start, int) and isinstance(end, int) and start >= end:
+        return carry
+    return fori_loop(start, end, lambda i, c: body(i, c, **flags), carry)
+
+
+def fori_loop(start, end, body, carry):
+    """`ops.fori_loop`, one iteration at a time on TensorFlow (see
+    `backends.tensorflow.fori_loop`)."""
+    return backends.current().fori_loop(start, end, body, carry)
+
+
+def query_rows(tensor, index, block):
+    """Query block `index` of `(P, G, T', ...)` as `(P, G*C, ...)`."""
+    shape = list(ops.shape(tensor))
+    starts = [0, 0, index * block] + [0] * (len(shape) - 3)
+    shape[2] = block
+    piece = ops.slice(tensor, starts, shape)  # (P, G, C, ...)
+    return ops.reshape(piece, (-1, shape[1] * block, *shape[3:]))
+
+
+def key_rows(tensor, index, block):
+    """Key block `index` of `(P, S', X)` as `(P, C, X)`."""
+    shape = list(ops.shape(tensor))
+    return ops.slice(tensor, (0, index * block, 0), (shape[0], block, shape[2]))
+
+
+def write_rows(tensor, rows, index, block, groups):
+    """`tensor` `(P, G, T', ...)` with query block `index` set to `rows`
+    `(P, G*C, ...)`."""
+    rows = ops.reshape(rows, (-1, groups, block, *rows.shape[2:]))
+    starts = [0, 0, index * block] + [0] * (len(tensor.shape) - 3)
+    return ops.slice_update(tensor, starts, rows)
+
+
+def transform(plan, i, j, logits):
+    """The logits `(P, G*C, C)` of block pair `(i, j)` soft-capped and
+    with the ALiBi bias, and the cap's derivative (or `None`)."""
+    slope = None
+    if plan.soft_cap is not None:
+        capped = ops.tanh(logits / plan.soft_cap)
+        logits, slope = plan.soft_cap * capped, 1.0 - capped * capped
+    if plan.alibi:
+        c = plan.block
+        rows = i * c + ops.arange(c)  # (C,) query rows
+        cols = j * c + ops.arange(c)  # (C,) key positions
+        bias = plan.structure.alibi_bias(
+            plan.heads, rows[:, None], cols[None, :]
+        )  # (N, C, C)
+        bias = ops.reshape(bias, (plan.kv_heads, plan.groups, c, c))
+        logits = ops.reshape(logits, (-1, plan.kv_heads, plan.groups, c, c))
+        logits = logits + ops.cast(bias, logits.dtype)
+        logits = ops.reshape(logits, (-1, plan.groups * c, c))
+    return logits, slope
+
+
+class Edge:
+    """Which structure a block pair must apply beyond the user's mask:
+    the top-left causal diagonal, the padded keys of the last key block,
+    a general band, segment ids."""
+
+    def __init__(self, causal=False, padded=False, band=False, segments=False):
+        self.causal, self.padded = causal, padded
+        self.band, self.segments = band, segments
+
+
+def hide(plan, tensors, i, j, logits, edge):
+    """`logits` `(P, G*C, C)` of block pair `(i, j)` with every hidden
+    position set to a large negative number."""
+    c = plan.block
+    mask, query_ids, key_ids = tensors.mask, tensors.query_ids, tensors.key_ids
+    visible = None
+    if mask is not None:
+        b, k, g, rows, _ = ops.shape(mask)  # a batch may be unknown
+        starts = (0, 0, 0, i * c if rows != 1 else 0, j * c)
+        visible = ops.slice(mask, starts, (b, k, g, min(rows, c), c))
+    keys = j * c + ops.arange(c)  # (C,) key positions
+    queries = i * c + ops.arange(c)  # (C,) query rows
+    conditions = []
+    if edge.padded:
+        conditions.append(keys < plan.key_length)
+    if edge.causal:
+        conditions.append(queries[:, None] >= keys[None, :])  # (C, C)
+    if edge.band:
+        conditions.append(
+            plan.structure.band_visible(queries[:, None], keys[None, :])
+        )  # (C, C)
+    if edge.segments:
+        batch = ops.shape(query_ids)[0]
+        same = segments_visible(
+            ops.slice(query_ids, (0, i * c), (batch, c)),
+            ops.slice(key_ids, (0, j * c), (batch, c)),
+        )  # (B, C, C)
+        conditions.append(ops.expand_dims(same, (1, 2)))  # (B, 1, 1, C, C)
+    for condition in conditions:
+        visible = (
+            condition
+            if visible is None
+            else ops.logical_and(visible, condition)
+        )
+    if visible is None:
+        return logits
+    logits = ops.reshape(logits, (-1, plan.kv_heads, plan.groups, c, c))
+    logits = ops.where(visible, logits, ops.cast(plan.negative, logits.dtype))
+    return ops.reshape(logits, (-1, plan.groups * c, c))

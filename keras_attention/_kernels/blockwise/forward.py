@@ -1,0 +1,71 @@
+"""The forward pass: for each query block, an online softmax over the
+key blocks it can see; keeps each row's log-sum-exp for the backward
+pass.
+
+Shape legend: B batch, T query length, S key length, C block rows,
+N query heads, K key/value heads, G = N // K queries per key/value head,
+H head dim, V value head dim, P = B x K.
+"""
+
+from keras import ops
+
+from keras_attention._kernels.blockwise import blocks
+
+
+def forward(plan, query, key, value, tensors):
+    """Outputs `(P, G, T', V)` and row log-sum-exps `(P, G, T')`, both in
+    the compute dtype, from blocked inputs (see `to_blocks`)."""
+    c, groups, dtype = plan.block, plan.groups, plan.compute_dtype
+    pairs = ops.shape(query)[0]
+
+    def query_block(i, carry):
+        outputs, lse = carry
+        q = blocks.query_rows(query, i, c)  # (P, G*C, H)
+
+        def key_block(j, state, edge):
+            running_max, total, acc = state
+            k, v = blocks.key_rows(key, j, c), blocks.key_rows(value, j, c)
+            logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
+            logits, _ = blocks.transform(plan, i, j, logits)
+            logits = blocks.hide(plan, tensors, i, j, logits, edge)
+            new_max = ops.maximum(running_max, ops.max(logits, axis=-1))
+            # Rows with no visible key yet subtract 0, so that their hidden
+            # logits still give exp(masked) = 0.
+            shift = ops.where(new_max > plan.negative / 2, new_max, 0.0)
+            p = ops.exp(logits - shift[..., None])  # (P, G*C, C)
+            rescale = ops.exp(running_max - shift)
+            total = total * rescale + ops.sum(p, axis=-1)
+            acc = acc * rescale[..., None] + ops.matmul(p, v)  # (P, G*C, V)
+            return new_max, total, acc
+
+        shape = (pairs, groups * c)
+        state = (
+            ops.full(shape, plan.negative, dtype),
+            ops.zeros(shape, dtype),
+            ops.zeros((*shape, plan.value_dim), dtype),
+        )
+        start, end = plan.key_range(i, tensors)
+        if plan.general:
+            state = blocks.loop(
+                start, end, key_block, state, edge=plan.full_edge
+            )
+        else:
+            state = blocks.loop(
+                start, end - 1, key_block, state, edge=blocks.Edge()
+            )
+            state = key_block(end - 1, state, edge=plan.key_edge)
+        running_max, total, acc = state
+        seen = total > 0  # a row with no visible key gives zeros
+        safe_total = ops.where(seen, total, ops.ones_like(total))
+        out = ops.where(seen[..., None], acc / safe_total[..., None], 0.0)
+        row_lse = ops.where(seen, running_max + ops.log(safe_total), 0.0)
+        outputs = blocks.write_rows(outputs, out, i, c, groups)
+        lse = blocks.write_rows(lse, row_lse, i, c, groups)
+        return outputs, lse
+
+    rows = plan.query_blocks * c
+    init = (
+        ops.zeros((pairs, groups, rows, plan.value_dim), dtype),
+        ops.zeros((pairs, groups, rows), dtype),
+    )
+    return blocks.fori_loop(0, plan.query_blocks, query_block, init)
