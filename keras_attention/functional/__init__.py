@@ -22,7 +22,7 @@ from keras_attention._core.reference import (
 from keras_attention.functional.attention import (
     scaled_dot_product_attention as scaled_dot_product_attention,
 )
-from keras_attention.functional.explain import explain as explain
+from keras_attention.functional.explanation import explain as explain
 from keras_attention.functional.masks import causal_mask as causal_mask
 from keras_attention.functional.masks import (
     padding_to_attention_mask as padding_to_attention_mask,
