@@ -5,6 +5,7 @@ is read when keras is first imported, so it is never changed here.
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -58,19 +59,50 @@ def _fresh_keras_state():
     )
 
 
+# The path-equivalence figures of every process of the run: this one's,
+# and under pytest-xdist (`-n`), those each worker hands over when it ends.
+_WORKER_RECORDS = []
+
+
+def _path_record():
+    """`{(what, dtype): (cases, forward error, gradient error)}` of this
+    process (`tests.autodiff.RECORD`), or `{}`."""
+    autodiff = sys.modules.get("tests.autodiff")
+    return dict(autodiff.RECORD) if autodiff is not None else {}
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand the figures over
+        workeroutput["path_record"] = [
+            [list(key), list(value)] for key, value in _path_record().items()
+        ]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """An xdist worker ended: keep the figures it handed over."""
+    record = getattr(node, "workeroutput", {}).get("path_record", [])
+    _WORKER_RECORDS.append({tuple(key): value for key, value in record})
+
+
 def pytest_terminal_summary(terminalreporter):
     """The path-equivalence figures: cases and largest errors against the
-    float64 reference, per kind of case and dtype."""
-    import sys
-
-    autodiff = sys.modules.get("tests.autodiff")
-    if autodiff is None or not autodiff.RECORD:
+    float64 reference, per kind of case and dtype, over every process."""
+    merged = {}
+    for record in [_path_record(), *_WORKER_RECORDS]:
+        for key, (cases, forward, grad) in record.items():
+            old = merged.get(key, (0, 0.0, 0.0))
+            merged[key] = (
+                old[0] + cases,
+                max(old[1], forward),
+                max(old[2], grad),
+            )
+    if not merged:
         return
     terminalreporter.section(f"path equivalence ({BACKEND})")
     total = 0
-    for (what, dtype), (cases, forward, grad) in sorted(
-        autodiff.RECORD.items()
-    ):
+    for (what, dtype), (cases, forward, grad) in sorted(merged.items()):
         total += cases
         terminalreporter.line(
             f"{what:<34} {dtype:<9} {cases:>4} cases  "

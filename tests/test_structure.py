@@ -520,7 +520,7 @@ def test_explain_reports_the_path_that_runs(length, arguments, monkeypatch):
     q = rng(9).standard_normal((1, length, 2, 4)).astype("float32")
     report = F.explain(q, q, q, **arguments)
     ran, wrapped = _recording_paths()
-    monkeypatch.setattr(_kernels, "PATHS", wrapped)
+    monkeypatch.setattr(_kernels.dispatch, "PATHS", wrapped)
     F.scaled_dot_product_attention(q, q, q, **arguments)
     if arguments.get("return_attention_scores"):
         assert ran == [] and report.path == "reference"
