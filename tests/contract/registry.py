@@ -1,31 +1,25 @@
-"""Keras's own layer test harness, `run_layer_test`, on every public layer.
+"""The one registry of layer cases that the contract tests run over.
 
-It is what Keras runs on its own layers: a config and serialization round
-trip, `build` from shapes, a symbolic and an eager call with the expected
-output shapes and dtype, weight and seed-generator counts (on torch also
-the tracked parameters, which catches variables that share a path), a
-training step (single-input layers: Keras's harness calls the layer on one
-tensor) and mixed precision (not on torch CPU, where Keras skips it). Each
-case also checks `compute_output_shape`, which the harness leaves to
-`compute_output_spec`, unbuilt and with an unknown batch.
+A case is a small, built-from-scratch instance of a public layer with the
+shapes of its call inputs and what Keras's harness expects of it (output
+shapes, weight and seed-generator counts). Every contract test
+(`tests/contract/`) is parametrised over `CASES`, and
+`test_every_public_layer_has_a_case` keeps the registry complete: a new
+public layer gets its cases here, and every contract check runs on it.
 
-Multi-input layers pass `input_shape` as a dict keyed by the names of their
-`build` arguments (`query_shape`, `inputs_shape`, ...), as Keras tests
-`MultiHeadAttention`. `AttentionDecoder` is given its cell and attention as
-configs so that each instance the harness makes gets sublayers of its own.
+Multi-input layers give `input_shape` as a dict keyed by the names of
+their `build` arguments (`query_shape`, `inputs_shape`, ...), as Keras
+tests `MultiHeadAttention`; the call's tensor arguments have the same
+names without `_shape`. `AttentionDecoder` is given its cell and
+attention as configs so that each instance gets sublayers of its own.
+
+Shape legend: B batch, T query length, S key/value length, D model dim.
 """
 
 import keras
-import pytest
-from absl.testing import parameterized
-from keras.src import testing
+import numpy as np
 
 import keras_attention as ka
-
-# Keras's training step fits on a generator with the default shuffle=True.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:`shuffle=True` was passed:UserWarning"
-)
 
 B, T, S, D = 2, 3, 5, 8
 
@@ -225,35 +219,63 @@ CASES = {
 }
 
 
-def _unknown_batch(shape):
-    return (None, *shape[1:])
+def make(name, **overrides):
+    """A fresh, unbuilt layer of case `name` (`overrides` replace init
+    arguments, `dtype` for example)."""
+    arguments = CASES[name]
+    return arguments["layer_cls"](**{**arguments["init_kwargs"], **overrides})
 
 
-class KerasLayerHarnessTest(testing.TestCase):
-    @parameterized.named_parameters(CASES.items())
-    def test_run_layer_test(self, arguments):
-        input_shape = arguments["input_shape"]
-        expected_shape = arguments["expected_output_shape"]
-        multi_input = isinstance(input_shape, dict)
-        trainable = arguments["expected_num_trainable_weights"]
-        self.run_layer_test(
-            **arguments,
-            expected_output_dtype=keras.tree.map_shape_structure(
-                lambda _: "float32", expected_shape
-            ),
-            expected_num_non_trainable_weights=0,
-            expected_num_losses=0,
-            supports_masking=True,
-            # Keras's training step calls the layer on one tensor, and warns
-            # (an error here) when there is nothing to train.
-            run_training_check=not multi_input and trainable > 0,
-        )
-        if isinstance(expected_shape[0], tuple):  # (outputs, scores)
-            expected_shape = expected_shape[0]
-        layer = arguments["layer_cls"](**arguments["init_kwargs"])
-        if multi_input:
-            shapes = {k: _unknown_batch(v) for k, v in input_shape.items()}
-            got = layer.compute_output_shape(**shapes)
-        else:
-            got = layer.compute_output_shape(_unknown_batch(input_shape))
-        self.assertEqual(tuple(got), _unknown_batch(expected_shape))
+def _shapes(name):
+    """`{argument: shape}` of case `name`'s tensor arguments, in order."""
+    shapes = CASES[name]["input_shape"]
+    if not isinstance(shapes, dict):
+        shapes = {"inputs_shape": shapes}
+    return {key[: -len("_shape")]: shape for key, shape in shapes.items()}
+
+
+def tensors(name, seed=0):
+    """Random float32 inputs of case `name`'s shapes, in call order."""
+    rng = np.random.default_rng(seed)
+    return [
+        rng.standard_normal(shape).astype("float32")
+        for shape in _shapes(name).values()
+    ]
+
+
+def call_inputs(name, seed=0):
+    """`(args, kwargs)` of a call of case `name`: `tensors`, the first
+    positional and the others by name, and the case's call arguments."""
+    values = tensors(name, seed)
+    kwargs = dict(zip(list(_shapes(name))[1:], values[1:], strict=True))
+    return (values[0],), {**kwargs, **CASES[name].get("call_kwargs", {})}
+
+
+def public_layer_classes():
+    """Every public layer class of `keras_attention` (the abstract
+    `AttentionMechanism` protocol aside)."""
+    return {
+        getattr(ka, name)
+        for name in ka.__all__
+        if isinstance(getattr(ka, name), type)
+        and issubclass(getattr(ka, name), keras.layers.Layer)
+        and getattr(ka, name) is not ka.AttentionMechanism
+    }
+
+
+def symbolic_inputs(name):
+    """`keras.Input`s of case `name`'s shapes (unknown batch), in call
+    order."""
+    return [keras.Input(shape[1:]) for shape in _shapes(name).values()]
+
+
+def call(name, layer, inputs):
+    """The case's call of `layer` on `inputs` (in call order, tensors or
+    `keras.Input`s), with its call arguments."""
+    kwargs = dict(zip(list(_shapes(name))[1:], inputs[1:], strict=True))
+    return layer(inputs[0], **kwargs, **CASES[name].get("call_kwargs", {}))
+
+
+def outputs_of(result):
+    """The first output of a call (`(outputs, scores)` gives `outputs`)."""
+    return result[0] if isinstance(result, (tuple, list)) else result
