@@ -1,8 +1,9 @@
 """A model saved by release 0.1.0 loads with identical outputs.
 
 `tests/data/checkpoint_0_1/model.keras` is the every-layer model of
-`tests/checkpoint_worker.py`, saved on JAX by keras_attention 0.1.0, with
-its inputs and outputs. Loading it checks that the saved-file format (the
+`tests/integration/checkpoint_worker.py`, saved on JAX by keras_attention
+0.1.0, with its inputs and outputs. Loading it checks that the saved-file
+format (the
 registered names, the configs, the variable paths) is unchanged.
 """
 

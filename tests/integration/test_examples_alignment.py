@@ -5,7 +5,7 @@ import json
 import keras
 import pytest
 
-from tests.test_examples import run_example
+from tests.integration.test_examples import run_example
 
 MECHANISMS = ("bahdanau", "luong-general", "location-sensitive", "monotonic")
 RATES = ("exact", "alignment_error", "alignment_error_initial")

@@ -25,8 +25,8 @@ from tests.autodiff import path_context
 from tests.autodiff import value_and_grads
 from tests.helpers import np_structure_mask
 from tests.helpers import rng
-from tests.test_paths_functional import check_sdpa
-from tests.test_paths_functional import sdpa_inputs
+from tests.unit.kernels.test_paths import check_sdpa
+from tests.unit.kernels.test_paths import sdpa_inputs
 
 PACKED = np.array(
     [[1, 1, 1, 2, 2, 2, 2, 3, 3, 0], [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]],

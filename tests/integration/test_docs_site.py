@@ -25,7 +25,7 @@ import keras
 import pytest
 from playwright.sync_api import sync_playwright
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("DOCS_SITE", ROOT / "site"))
 SHOTS = ROOT / "build" / "docs-screenshots"
 OFFLINE_FLAGS = [

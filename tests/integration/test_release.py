@@ -17,7 +17,7 @@ import pytest
 
 import keras_attention
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BACKEND = keras.backend.backend()
 
 
@@ -73,6 +73,11 @@ def test_wheel_in_fresh_virtualenv_with_backend_extra(dist, tmp_path):
     # Outside the repository, so the import finds the installed package.
     env = {**os.environ, "KERAS_BACKEND": BACKEND}
     env.pop("PYTHONPATH", None)
-    out = run(python, ROOT / "tests" / "wheel_smoke.py", cwd=tmp_path, env=env)
+    out = run(
+        python,
+        ROOT / "tests" / "integration" / "wheel_smoke.py",
+        cwd=tmp_path,
+        env=env,
+    )
     assert f"keras_attention {keras_attention.__version__} from " in out
     assert str(env_dir) in out and f"on {BACKEND}: trained" in out

@@ -1,6 +1,7 @@
 """Checkpoints across backends, each save and load in a fresh process.
 
-The model of tests/checkpoint_worker.py uses every public layer. Each
+The model of tests/integration/checkpoint_worker.py uses every public
+layer. Each
 backend's pass of the suite saves it (`.keras` and `.weights.h5`) on its
 own backend and loads both files on all three backends: the three passes
 together cover the 9 (saved on, loaded on) pairs. Loading uses the default
@@ -17,8 +18,8 @@ from pathlib import Path
 import keras
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "checkpoint_worker.py"
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "integration" / "checkpoint_worker.py"
 BACKENDS = ("tensorflow", "jax", "torch")
 
 

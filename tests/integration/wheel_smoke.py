@@ -4,7 +4,7 @@ Run with the installed interpreter from outside the repository (so that
 `keras_attention` is the installed package) and `KERAS_BACKEND` set:
 trains a tiny model built from the layers for two steps, saves it as
 `.keras`, loads it back without `custom_objects` and checks the outputs.
-Used by tests/test_release.py and .github/workflows/release.yml.
+Used by tests/integration/test_release.py and .github/workflows/release.yml.
 """
 
 import os

@@ -1,6 +1,7 @@
 """Whole-model training: mixed precision stays finite, seeds reproduce.
 
-The model is tests/checkpoint_worker.py's, which uses every public layer.
+The model is tests/integration/checkpoint_worker.py's, which uses every
+public layer.
 """
 
 import keras
@@ -8,9 +9,9 @@ import numpy as np
 import pytest
 
 import keras_attention as ka
-from tests.checkpoint_worker import VOCAB
-from tests.checkpoint_worker import build_model
 from tests.helpers import to_numpy
+from tests.integration.checkpoint_worker import VOCAB
+from tests.integration.checkpoint_worker import build_model
 
 
 def batches(seed=0, size=16):

@@ -9,8 +9,8 @@ import keras
 import numpy as np
 
 import keras_attention as ka
-from tests.checkpoint_worker import build_model
 from tests.helpers import to_numpy
+from tests.integration.checkpoint_worker import build_model
 
 
 def assert_no_two_random_weights_equal(weights):

@@ -1,14 +1,14 @@
 """Saves or loads the every-layer checkpoint model in a fresh process.
 
-    KERAS_BACKEND=jax python tests/checkpoint_worker.py save DIR
-    KERAS_BACKEND=torch python tests/checkpoint_worker.py load DIR
+    KERAS_BACKEND=jax python tests/integration/checkpoint_worker.py save DIR
+    KERAS_BACKEND=torch python tests/integration/checkpoint_worker.py load DIR
 
 `save` builds `build_model()`, writes `model.keras`, `model.weights.h5`,
 the inputs and the model's outputs on them. `load` restores both files
 on its own backend (`.keras` with the default `safe_mode=True` and no
 `custom_objects`; `.weights.h5` into a freshly built model) and prints a
 JSON line with the largest difference from the saved outputs. Used by
-tests/test_checkpoints.py.
+tests/integration/test_checkpoints.py.
 """
 
 import json

@@ -216,7 +216,7 @@ def test_submodules_are_attributes_of_a_fresh_import():
     `ka.datasets` and `ka.visualization`; the last two, which serve the
     optional extras, are imported on first use, and none needs
     matplotlib, Babel or num2words to import."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(FRESH_IMPORT)],
         env={**os.environ, "KERAS_BACKEND": keras.backend.backend()},

@@ -1,11 +1,12 @@
 """Runs exported models without Keras, in a fresh process.
 
-    python tests/export_worker.py MANIFEST.json
+    python tests/integration/export_worker.py MANIFEST.json
 
-The manifest lists artefacts written by tests/test_export.py: each entry
-names its `format` ("tf_saved_model", loaded with `tf.saved_model.load`,
-or "onnx", run by `onnxruntime.InferenceSession`), its `path`, how its
-endpoint takes the inputs (`pack`: one tensor, one list, or positional
+The manifest lists artefacts written by tests/integration/test_export.py:
+each entry names its `format` ("tf_saved_model", loaded with
+`tf.saved_model.load`, or "onnx", run by `onnxruntime.InferenceSession`),
+its `path`, how its endpoint takes the inputs (`pack`: one tensor, one
+list, or positional
 arguments) and a `.npz` of input cases. A "forward" entry runs each case;
 a "generate" entry runs a greedy decoding loop on a decode-step
 artefact (token ids, cache, index -> logits, new cache). The results go

@@ -4,7 +4,7 @@ Three tiny models (an encoder-decoder Transformer, a decoder-only LM with
 rotary positions and grouped-query attention, an RNN attention NMT model)
 and one greedy decoding step with its KV cache are exported with
 `model.export` to every format Keras supports from this backend. One fresh
-worker process (tests/export_worker.py) loads every artefact
+worker process (tests/integration/export_worker.py) loads every artefact
 (`tf.saved_model.load`, `onnxruntime.InferenceSession`) and runs them on
 inputs of two batch sizes and two lengths, with padding; its outputs must
 equal the Keras model's, and a generation loop on the decode-step artefact
@@ -30,8 +30,8 @@ import pytest
 import keras_attention as ka
 from keras_attention import decoding
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "export_worker.py"
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "integration" / "export_worker.py"
 BACKEND = keras.backend.backend()
 VOCAB, D, MAX_LENGTH = 11, 8, 16
 CASES = ((2, 5), (3, 7))  # (batch, length): both dynamic

@@ -13,7 +13,7 @@ from pathlib import Path
 import keras
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_example(name, *args, env=None):
