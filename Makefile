@@ -7,6 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BACKENDS := tensorflow jax torch
 PYTEST_ARGS ?=
+# Each backend's pass runs its test files on this many pytest-xdist workers
+# (a file stays on one worker, so it builds its shared models once).
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadfile
 export TF_CPP_MIN_LOG_LEVEL := 3
 export NO_MKDOCS_2_WARNING := 1
 
@@ -41,20 +45,22 @@ chromium:
 		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
 # Lint, the strict docs build, then the whole suite once per backend, each in
-# its own process (KERAS_BACKEND is fixed at import). Every backend runs even
-# if one fails; the target fails if any did.
+# its own processes (KERAS_BACKEND is fixed at import), timed. Every backend
+# runs even if one fails; the target fails if any did.
 test: lint docs chromium
 	@failed=""; \
 	for backend in $(BACKENDS); do \
 		echo "=== pytest, KERAS_BACKEND=$$backend ==="; \
-		KERAS_BACKEND=$$backend $(BIN)/python -m pytest $(PYTEST_ARGS) \
+		start=$$(date +%s); \
+		KERAS_BACKEND=$$backend $(BIN)/python $(PYTEST) $(PYTEST_ARGS) \
 			|| failed="$$failed $$backend"; \
+		echo "=== KERAS_BACKEND=$$backend: $$(( $$(date +%s) - start )) s ==="; \
 	done; \
 	if [ -n "$$failed" ]; then echo "FAILED on:$$failed"; exit 1; fi; \
 	echo "all backends passed: $(BACKENDS)"
 
 test-%: $(STAMP)
-	KERAS_BACKEND=$* $(BIN)/python -m pytest $(PYTEST_ARGS)
+	KERAS_BACKEND=$* $(BIN)/python $(PYTEST) $(PYTEST_ARGS)
 
 # The main job: Bahdanau-attention NMT of German number words into English on
 # JAX; prints test exact match, BLEU and chrF and writes alignment plots.
