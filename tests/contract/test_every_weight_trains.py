@@ -7,23 +7,29 @@ path of the library cuts off from the loss (a gradient dropped by a
 rematerialised kernel, a branch that returns zeros) keeps its initial
 value, and the test names it.
 
-Lengths: a short sequence, and one past every length threshold of the
-attention kernels (the chunked path takes over at 512 queries and 256
-keys on TensorFlow and JAX on CPU; 600 is not a multiple of the chunk,
-so the padded last chunk runs too). The RNN decoders, whose scan grows
-with the target, get a long source and a short target. Dropout 0 runs
-the kernels; dropout > 0 the explicit-weights path with dropout masks.
-Some layers get padding masks (and causal masks), some none.
+Paths: the one the dispatch picks for a short sequence (the reference
+on TensorFlow and JAX on CPU, the fused kernel on PyTorch), and the
+blockwise (chunked) path, forced with blocks of 4 rows so that a short
+sequence spans several blocks and a padded last one, as a sequence past
+the dispatch's length thresholds does (the forced path is the kernel
+that runs from 512 queries on: the same code at a fraction of the
+cost). The RNN decoders get a short target over the whole source.
+Dropout 0 runs the kernels; dropout > 0 the explicit-weights path with
+dropout masks. Some layers get padding masks (and causal masks), some
+none.
 
 Shape legend: B batch, T sequence (query) length, S source length,
 D model dim.
 """
+
+import contextlib
 
 import keras
 import numpy as np
 import pytest
 
 import keras_attention as ka
+from keras_attention import _kernels
 from tests.helpers import to_numpy
 
 MODEL_DIM = 8  # D
@@ -31,7 +37,8 @@ NUM_HEADS = 2
 INTERMEDIATE_DIM = 16
 BATCH = 2
 TARGET_STEPS = 3  # the RNN decoders' target length
-SHORT, LONG = 6, 600
+LENGTH = 6  # T and S: two blocks of CHUNK rows, the last one padded
+CHUNK = 4
 LEARNING_RATE = 1.0
 # A weight moved if some entry changed by more than this; one exempt by
 # an invariance (below) must have moved by less than 1% of the weight
@@ -39,27 +46,29 @@ LEARNING_RATE = 1.0
 TOLERANCE = 1e-6
 
 
-def test_long_length_is_past_every_threshold():
-    from keras_attention import _kernels
-
-    assert LONG >= _kernels.CHUNKED_MIN_LENGTH
-    assert LONG >= _kernels.CHUNK_SIZE
-    assert LONG % _kernels.CHUNK_SIZE  # a padded last chunk
+def test_forced_blocks_span_a_padded_last_block():
+    assert LENGTH > CHUNK and LENGTH % CHUNK
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.25], ids=["no_dropout", "dropout"])
-@pytest.mark.parametrize("length", [SHORT, LONG], ids=["short", "long"])
-def test_one_step_moves_every_weight(length, dropout):
+@pytest.mark.parametrize("path", ["automatic", "chunked"])
+def test_one_step_moves_every_weight(path, dropout):
     keras.utils.set_random_seed(20261129)
-    model = build_model(length, dropout)
-    check_every_public_layer_is_in(model)
-    model.compile(
-        optimizer=keras.optimizers.SGD(LEARNING_RATE),
-        loss={name: "mse" for name in model.output_names},
+    forced = (
+        _kernels.force("chunked", chunk_size=CHUNK)
+        if path == "chunked"
+        else contextlib.nullcontext()
     )
-    inputs, targets = data(model, length)
-    before = [to_numpy(weight) for weight in model.trainable_weights]
-    model.fit(inputs, targets, batch_size=BATCH, epochs=1, verbose=0)
+    with forced:  # the path is fixed when `fit` traces the step
+        model = build_model(LENGTH, dropout)
+        check_every_public_layer_is_in(model)
+        model.compile(
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss={name: "mse" for name in model.output_names},
+        )
+        inputs, targets = data(model, LENGTH)
+        before = [to_numpy(weight) for weight in model.trainable_weights]
+        model.fit(inputs, targets, batch_size=BATCH, epochs=1, verbose=0)
     check_every_weight_moved(model, before)
 
 
