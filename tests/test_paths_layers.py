@@ -18,6 +18,7 @@ from keras import ops
 
 import keras_attention as ka
 from keras_attention import _kernels
+from keras_attention.layers import RollingCache
 from tests.autodiff import assert_close
 from tests.autodiff import float64_context
 from tests.autodiff import path_context
@@ -44,9 +45,10 @@ def _attention_mask():
     return mask
 
 
-def _self_attention_steps(layer, x, masks, cache_shape):
+def _self_attention_steps(layer, x, masks, cache_shape, rolling=False):
     """The cached path: one token at a time through a KV cache."""
     cache = ops.zeros(cache_shape, x.dtype)
+    cache = RollingCache(cache) if rolling else cache
     outputs = []
     for t in range(T):
         out, cache = layer(
@@ -181,7 +183,7 @@ LAYER_CASES = {
         kernels=True,
         # A cache of the window's 3 positions: a rolling cache.
         steps=lambda layer, x, masks: _self_attention_steps(
-            layer, x, masks, (B, 2, 3, 2, 4)
+            layer, x, masks, (B, 2, 3, 2, 4), rolling=True
         ),
     ),  # fmt: skip
     "MultiHeadSelfAttention qk-norm rotary gqa": dict(

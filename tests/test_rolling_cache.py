@@ -1,6 +1,7 @@
-"""The rolling KV cache of a sliding window: a cache of the window's length
-that keeps the last positions, so decoding runs at constant memory past
-any length; cached decoding equals the full forward pass."""
+"""The rolling KV cache of a sliding window: a `RollingCache` of the
+window's length that keeps the last positions, so decoding runs at
+constant memory past any length; cached decoding equals the full forward
+pass."""
 
 import keras
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from keras import ops
 
 import keras_attention as ka
+from keras_attention.layers import RollingCache
 from tests.helpers import rng
 from tests.helpers import to_numpy
 
@@ -43,8 +45,9 @@ def _decode(block, x, chunks, padding_mask=None):
             cache_index=index,
         )
         outputs.append(to_numpy(out))
-        assert tuple(cache["self"].shape) == tuple(
-            block.init_cache(B, T)["self"].shape
+        assert isinstance(cache["self"], RollingCache)
+        assert tuple(cache["self"].kv.shape) == tuple(
+            block.init_cache(B, T)["self"].kv.shape
         )  # constant memory
         index += size
     return np.concatenate(outputs, axis=1)
@@ -58,7 +61,7 @@ def test_rolling_decoding_equals_the_full_pass(name, chunks):
     """13 positions through a cache of 3, one token at a time or with a
     prefill and chunks longer than the cache, row 0 left-padded."""
     block = _block(BLOCKS[name])
-    assert block.init_cache(B, T)["self"].shape[2] == 3
+    assert block.init_cache(B, T)["self"].kv.shape[2] == 3
     x = rng(1).normal(size=(B, T, D)).astype("float32")
     full = to_numpy(block(x, padding_mask=PADDING))
     np.testing.assert_allclose(
@@ -68,12 +71,14 @@ def test_rolling_decoding_equals_the_full_pass(name, chunks):
 
 def test_init_cache_is_rolling_only_when_the_window_is_shorter():
     block = _block({"sliding_window": 3})
-    assert block.init_cache(B, 8)["self"].shape[2] == 3
-    assert block.init_cache(B, 2)["self"].shape[2] == 2
-    assert (
-        _block({"sliding_window": (4, 1)}).init_cache(B, 8)["self"].shape[2]
-        == 5
-    )
+    rolling = block.init_cache(B, 8)["self"]
+    assert isinstance(rolling, RollingCache) and rolling.kv.shape[2] == 3
+    for max_length in (2, 3):  # the window sees them all: a plain cache
+        plain = block.init_cache(B, max_length)["self"]
+        assert not isinstance(plain, tuple)
+        assert plain.shape[2] == max_length
+    pair = _block({"sliding_window": (4, 1)}).init_cache(B, 8)["self"]
+    assert pair.kv.shape[2] == 5
     assert _block({}).init_cache(B, 8)["self"].shape[2] == 8
 
 
@@ -84,7 +89,7 @@ def test_rolling_scores_cover_the_window_and_the_new_tokens():
     x = rng(2).normal(size=(B, 7, D)).astype("float32")
     _, full = layer(x, use_causal_mask=True, return_attention_scores=True)
     full = to_numpy(full)  # (B, N, 7, 7)
-    cache = np.zeros((B, 2, 3, 2, D // 2), "float32")
+    cache = RollingCache(np.zeros((B, 2, 3, 2, D // 2), "float32"))
     _, scores, cache = layer(
         x[:, :2], cache=cache, cache_index=0, use_causal_mask=True,
         return_attention_scores=True,
@@ -105,10 +110,13 @@ def test_rolling_scores_cover_the_window_and_the_new_tokens():
         ]
         np.testing.assert_allclose(to_numpy(scores), expected, atol=1e-6)
     spec = layer.compute_output_spec(
-        keras.KerasTensor((B, 1, D)), cache=keras.KerasTensor(cache.shape),
+        keras.KerasTensor((B, 1, D)),
+        cache=RollingCache(keras.KerasTensor(cache.kv.shape)),
         cache_index=0, return_attention_scores=True,
     )  # fmt: skip
     assert tuple(spec[1].shape) == (B, 2, 1, 4)
+    assert isinstance(spec[2], RollingCache)
+    assert tuple(spec[2].kv.shape) == tuple(cache.kv.shape)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +131,7 @@ def test_bad_rolling_calls_are_named(arguments, message):
     layer = ka.MultiHeadSelfAttention(num_heads=2, sliding_window=3)
     x = np.zeros((B, 1, D), "float32")
     layer(x)
-    cache = ops.zeros((B, 2, 3, 2, D // 2))
+    cache = RollingCache(ops.zeros((B, 2, 3, 2, D // 2)))
     arguments = {"cache_index": 0, **arguments}
     with pytest.raises(ValueError, match="MultiHeadSelfAttention") as error:
         layer(x, cache=cache, use_causal_mask=True, **arguments)

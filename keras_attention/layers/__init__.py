@@ -12,6 +12,7 @@ from keras_attention.layers.bahdanau_attention import (
 from keras_attention.layers.cross_attention import (
     CrossAttention as CrossAttention,
 )
+from keras_attention.layers.kv_cache import RollingCache as RollingCache
 from keras_attention.layers.location_sensitive_attention import (
     LocationSensitiveAttention as LocationSensitiveAttention,
 )

@@ -7,10 +7,9 @@ D model dim, N query heads, K key/value heads, H head dim.
 import keras
 from keras import ops
 
-from keras_attention import _kernels
 from keras_attention import functional
-from keras_attention._core import structure
 from keras_attention.layers import checks
+from keras_attention.layers import kv_cache
 from keras_attention.layers.multi_head_core import MultiHeadCore
 
 
@@ -39,14 +38,16 @@ class MultiHeadSelfAttention(MultiHeadCore):
     computation.
 
     With a `sliding_window` no query looks further back than the window,
-    so the cache need not grow with the text: a cache of exactly the
-    window's length (`w` positions for an int window `w`, `left + 1` for
-    a pair) is a *rolling* cache. It holds the keys and values of the
-    last `w` positions in order, every call appends the new ones and
+    so the cache need not grow with the text: pass a *rolling* cache,
+    `keras_attention.layers.RollingCache(kv)` with `kv` of shape
+    `(B, 2, R, K, H)` and `R` the window's reach (`w` positions for an int
+    window `w`, `left + 1` for a pair). It holds the keys and values of
+    the last `R` positions in order, every call appends the new ones and
     drops the oldest, and `cache_index` may grow without bound. Outputs
     still equal the full computation. `TransformerDecoderBlock.init_cache`
     makes one when `max_length` exceeds the window (as in Mistral, Jiang
-    et al. 2023).
+    et al. 2023). A raw tensor is always a plain cache, whatever its
+    length.
 
     The four projections are `EinsumDense` sublayers (`query_dense`,
     `key_dense`, `value_dense`, `output_dense`): `Model.quantize("int8")`
@@ -105,10 +106,11 @@ class MultiHeadSelfAttention(MultiHeadCore):
             `(B, N, T, S)`; with a rolling cache of `R` positions
             `(B, N, T, R + T)`, over positions `cache_index - R` to
             `cache_index + T - 1`.
-        cache (Tensor | None): Shape `(B, 2, S_max, K, H)`: keys `[:, 0]` and
-            values `[:, 1]` of the previous steps. Needs `key_dim == value_dim`.
-            With a `sliding_window` of `w`, a cache of `S_max = w` positions is
-            a rolling cache.
+        cache (Tensor | RollingCache | None): A plain cache, shape
+            `(B, 2, S_max, K, H)`: keys `[:, 0]` and values `[:, 1]` of
+            positions `0 .. S_max - 1`; or, with a `sliding_window`, a
+            `RollingCache` of the last `R` positions (see above), returned
+            as a `RollingCache`. Needs `key_dim == value_dim`.
         cache_index (int | Tensor): Position of the first token
             of `inputs` in the cache. An index whose tokens do not fit the
             cache raises a `ValueError` when its value is known (an int, a
@@ -141,6 +143,19 @@ class MultiHeadSelfAttention(MultiHeadCore):
         >>> step, cache = layer(x[:, :1], cache=cache, cache_index=0)
         >>> tuple(step.shape), tuple(cache.shape)
         ((2, 1, 32), (2, 2, 8, 4, 8))
+
+        With a window of 3, a rolling cache of 3 positions decodes past
+        any length at constant memory:
+
+        >>> from keras_attention.layers import RollingCache
+        >>> local = MultiHeadSelfAttention(num_heads=4, sliding_window=3)
+        >>> cache = RollingCache(np.zeros((2, 2, 3, 4, 8), "float32"))
+        >>> for index in range(6):
+        ...     step, cache = local(
+        ...         x[:, index : index + 1], cache=cache, cache_index=index
+        ...     )
+        >>> type(cache).__name__, tuple(cache.kv.shape)
+        ('RollingCache', (2, 2, 3, 4, 8))
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017. Ainslie et al.,
@@ -177,12 +192,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
                     "in its own row, with `padding_mask`. Received: "
                     f"segment_ids.shape={tuple(ops.shape(segment_ids))}"
                 )
-            call_cached = (
-                self._call_rolling
-                if self._is_rolling(cache)
-                else self._call_cached
-            )
-            return call_cached(
+            return self._call_cached(
                 inputs,
                 cache,
                 cache_index,
@@ -247,16 +257,18 @@ class MultiHeadSelfAttention(MultiHeadCore):
         outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         key_length = length
         if cache is not None:
-            key_length = cache.shape[2]
-            if self._is_rolling(cache) and length is not None:
-                key_length += length
+            kind = kv_cache.kind_of(cache, self._where(), self.sliding_window)
+            key_length = kind.key_length(length)
         scores = keras.KerasTensor(
             (batch, self.num_heads, length, key_length),
             dtype=self.compute_dtype,
         )
         result = (outputs, scores) if return_attention_scores else (outputs,)
         if cache is not None:
-            result = (*result, keras.KerasTensor(cache.shape, cache.dtype))
+            new_cache = keras.tree.map_structure(
+                lambda c: keras.KerasTensor(c.shape, c.dtype), cache
+            )
+            result = (*result, new_cache)
         return result[0] if len(result) == 1 else result
 
     def _call_cached(
@@ -270,144 +282,41 @@ class MultiHeadSelfAttention(MultiHeadCore):
         return_attention_scores,
         training,
     ):
-        cache_index = self._check_cache(inputs, cache, cache_index)
-        batch, length = inputs.shape[0], inputs.shape[1]
-        max_length = cache.shape[2]
-        self._check_mask("padding_mask", padding_mask, (batch, max_length))
-        self._check_mask(
-            "attention_mask", attention_mask, (batch, length, max_length)
-        )
-        query = self._project_query(inputs, start_index=cache_index)
-        key, value = self._project_key_value(
-            inputs, inputs, start_index=cache_index
-        )  # (B, T, K, H)
-        cache, keys, values = _kernels.update_kv_cache(
-            cache, key, value, cache_index
-        )  # (B, 2, S_max, K, H), (B, S_max, K, H) twice
-        # Slots after the new tokens hold no keys yet: always hidden. The
-        # new tokens are the last of the written keys (bottom-right
-        # alignment): query i stands at position cache_index + i.
-        last = cache_index + ops.shape(inputs)[1]
-        slots = ops.arange(0, max_length)  # (S_max,)
-        written = ops.expand_dims(slots < last, 0)  # (1, S_max)
-        full_mask = functional.merge_masks(
-            ops.expand_dims(written, 0),  # (1, 1, S_max)
-            functional.padding_to_attention_mask(padding_mask),
+        """One call with a KV cache of either kind (see `kv_cache`): the
+        cache says what the queries attend over and what it becomes."""
+        kind = kv_cache.kind_of(cache, self._where(), self.sliding_window)
+        self._check_cache(inputs, kind.tensor, cache_index)
+        cache_index = kind.check(
+            inputs.shape[0],
+            inputs.shape[1],
+            cache_index,
+            padding_mask,
             attention_mask,
         )
-        outputs, scores = self._attend(
-            query,
-            ops.cast(keys, query.dtype),
-            ops.cast(values, query.dtype),
-            full_mask,
-            is_causal=use_causal_mask,
-            return_attention_scores=return_attention_scores,
-            training=training,
-            offset=cache_index,
-        )
-        if return_attention_scores:
-            return outputs, scores, cache
-        return outputs, cache
-
-    def _rolling_length(self) -> int | None:
-        """Positions a rolling cache keeps, or `None` without a window:
-        no query sees further back than `left` positions (`w - 1` for an
-        int window `w`), so `left + 1` are enough."""
-        window = structure.window(self._where(), self.sliding_window)
-        return None if window is None else window[0] + 1
-
-    def _is_rolling(self, cache) -> bool:
-        """Whether `cache` is a rolling cache: exactly `_rolling_length`."""
-        size = self._rolling_length()
-        return size is not None and cache.shape[2] == size
-
-    def _call_rolling(
-        self,
-        inputs,
-        cache,
-        cache_index,
-        padding_mask,
-        attention_mask,
-        use_causal_mask,
-        return_attention_scores,
-        training,
-    ):
-        """The cached call with a rolling cache: `cache` holds positions
-        `cache_index - R ... cache_index - 1`, in order; the queries attend
-        over those and the new tokens, and the last `R` of them are kept.
-        """
-        cache_index = self._check_rolling_cache(inputs, cache, cache_index)
-        size = cache.shape[2]  # R
-        batch, length = ops.shape(inputs)[0], inputs.shape[1]
-        if attention_mask is not None:
-            raise ValueError(
-                f"{self._where()}: `attention_mask` cannot be combined with "
-                f"a rolling cache (a cache of the window's {size} "
-                "positions); hide padding with `padding_mask` over the "
-                "absolute positions. Received: attention_mask.shape="
-                f"{tuple(attention_mask.shape)}"
-            )
-        if padding_mask is not None:
-            self._check_mask("padding_mask", padding_mask, (batch, None))
-            known = _kernels.static_int(cache_index)
-            needed = None if known is None else known + length
-            if needed is not None and padding_mask.shape[1] < needed:
-                raise ValueError(
-                    f"{self._where()}: with a rolling cache, `padding_mask` "
-                    "covers the absolute positions 0 .. cache_index + T - 1 "
-                    f"({needed} positions). Received: padding_mask.shape="
-                    f"{tuple(padding_mask.shape)}, cache_index={known}"
-                )
         query = self._project_query(inputs, start_index=cache_index)
         key, value = self._project_key_value(
             inputs, inputs, start_index=cache_index
         )  # (B, T, K, H)
-        new = ops.stack(
-            [ops.cast(key, cache.dtype), ops.cast(value, cache.dtype)], axis=1
-        )  # (B, 2, T, K, H)
-        window = ops.concatenate([cache, new], axis=2)  # (B, 2, R + T, K, H)
-        # Key j stands at position cache_index - R + j; the queries are the
-        # last T of them (offset R). Slots before position 0 are empty.
-        steps = size + ops.shape(inputs)[1]  # R + T, known or not
-        positions = cache_index - size + ops.arange(0, steps)  # (R+T,)
-        visible = ops.expand_dims(ops.expand_dims(positions >= 0, 0), 0)
-        if padding_mask is not None:
-            # Absolute positions; the empty slots read as padding.
-            padded = ops.concatenate(
-                [
-                    ops.zeros((batch, size), "bool"),
-                    ops.cast(padding_mask, "bool"),
-                ],
-                axis=1,
-            )  # (B, R + S)
-            kept = ops.take(padded, positions + size, axis=1)  # (B, R + T)
-            visible = ops.logical_and(visible, ops.expand_dims(kept, 1))
+        view = kind.update(
+            key, value, cache_index, padding_mask, attention_mask
+        )
         outputs, scores = self._attend(
             query,
-            ops.cast(window[:, 0], query.dtype),
-            ops.cast(window[:, 1], query.dtype),
-            visible,  # (B|1, 1, R + T)
+            ops.cast(view.keys, query.dtype),
+            ops.cast(view.values, query.dtype),
+            view.visible,
             is_causal=use_causal_mask,
             return_attention_scores=return_attention_scores,
             training=training,
-            offset=size,
+            offset=view.offset,
         )
-        cache = window[:, :, length:]  # the last R positions
         if return_attention_scores:
-            return outputs, scores, cache
-        return outputs, cache
+            return outputs, scores, view.cache
+        return outputs, view.cache
 
-    def _check_rolling_cache(self, inputs, cache, cache_index):
-        self._check_cache(inputs, cache, cache_index, limit=None)
-        known = _kernels.static_int(cache_index)
-        if known is not None and known < 0:
-            raise ValueError(
-                f"{self._where()}: `cache_index` must be non-negative. "
-                f"Received: cache_index={known}"
-            )
-        return cache_index if known is None else known
-
-    def _check_cache(self, inputs, cache, cache_index, limit=-1):
+    def _check_cache(self, inputs, cache, cache_index):
+        """What both kinds of cache need: `(B, 2, ., K, H)`, equal key and
+        value head dims, and an index."""
         expected = (
             inputs.shape[0],
             2,
@@ -428,13 +337,3 @@ class MultiHeadSelfAttention(MultiHeadCore):
                 "new token) is required with `cache`. Received: "
                 "cache_index=None"
             )
-        if limit is None:  # a rolling cache: any index from 0
-            return cache_index
-        return checks.check_index_range(
-            self._where(),
-            "cache_index",
-            cache_index,
-            inputs.shape[1],
-            cache.shape[2],
-            "the cache",
-        )

@@ -8,6 +8,7 @@ import keras
 
 from keras_attention._core import Structure
 from keras_attention.layers import checks
+from keras_attention.layers import kv_cache
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
@@ -33,7 +34,10 @@ class TransformerDecoderBlock(TransformerBlockBase):
     values of the self-attention (filled step by step) and, with an
     encoder, the projected encoder keys and values (computed once per
     source). Each call with `cache` and `cache_index` returns the updated
-    cache as well; outputs equal the full causal computation.
+    cache as well; outputs equal the full causal computation. With a
+    `sliding_window` shorter than `max_length` the self-attention cache is
+    a `keras_attention.layers.RollingCache` of the window's positions, so
+    decoding runs past `max_length` at constant memory.
 
     Args:
         num_heads (int): Number of attention heads N.
@@ -77,9 +81,11 @@ class TransformerDecoderBlock(TransformerBlockBase):
         attention_mask (Tensor): Shape `(B, T, T)`, boolean for the
             self-attention.
         use_causal_mask (bool): Defaults to `True`.
-        cache (dict | Tensor | None): The dict of `init_cache`, or for a
-            decoder-only block just its self-attention cache tensor
-            `(B, 2, S_max, K, H)`.
+        cache (dict | Tensor | RollingCache | None): The dict of
+            `init_cache`, or for a decoder-only block just its
+            self-attention cache: a tensor `(B, 2, S_max, K, H)` or, with a
+            `sliding_window`, a `RollingCache` (which `init_cache` makes
+            when `max_length` exceeds the window).
         cache_index (int | Tensor): Position of the first token
             of `inputs`.
         return_attention_scores (bool): Also return the weights as a dict
@@ -302,10 +308,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
         """A cache for incremental decoding of up to `max_length` tokens.
 
         With a `sliding_window` shorter than `max_length`, the
-        self-attention cache is a rolling cache of the window's length
-        (`w` positions for an int window `w`): it keeps only the positions
-        the window can still see, so decoding may run past `max_length` at
-        constant memory, with outputs equal to the full computation.
+        self-attention cache is a `keras_attention.layers.RollingCache` of
+        the window's reach (`w` positions for an int window `w`, `left + 1`
+        for a pair): it keeps only the positions the window can still see,
+        so decoding may run past `max_length` at constant memory, with
+        outputs equal to the full computation. Otherwise it is a plain
+        cache tensor.
 
         Args:
             batch_size: B.
@@ -317,9 +325,10 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 compute dtype.
 
         Returns:
-            dict: `{"self": zeros (B, 2, S_max, K, H)}` (`S_max` the
-                window's length when that is shorter) plus, with
-                cross-attention, `"cross": (B, 2, S, K, H)`.
+            dict: `{"self": zeros (B, 2, S_max, K, H)}`, or
+                `{"self": RollingCache(zeros (B, 2, R, K, H))}` when the
+                window's reach `R` is shorter than `max_length`; with
+                cross-attention also `"cross": (B, 2, S, K, H)`.
         """
         attention = self.self_attention
         if not attention.built:
@@ -333,19 +342,17 @@ class TransformerDecoderBlock(TransformerBlockBase):
             "max_length",
             max_length,
         )
-        rolling = attention._rolling_length()
-        if rolling is not None:
-            max_length = min(max_length, rolling)
+        rolling = kv_cache.rolling_length(self._where(), self.sliding_window)
+        rolls = rolling is not None and rolling < max_length
         shape = (
             batch_size,
             2,
-            max_length,
+            rolling if rolls else max_length,
             attention.kv_heads,
             attention._head_dim,
         )
-        cache = {
-            "self": keras.ops.zeros(shape, dtype=dtype or self.compute_dtype)
-        }
+        zeros = keras.ops.zeros(shape, dtype=dtype or self.compute_dtype)
+        cache = {"self": kv_cache.RollingCache(zeros) if rolls else zeros}
         if self.cross_attention is not None:
             self._check_encoder(encoder_outputs, None)
             cache["cross"] = self.cross_attention.compute_cache(encoder_outputs)
