@@ -1,0 +1,100 @@
+"""What every decoding loop shares: the step call and its checks, the
+argument checks, the GNMT penalties, and padding of finished rows.
+
+Shape legend: B batch, K beams, V vocabulary, L generated length, S source.
+"""
+
+import functools
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention._kernels import runtime
+
+
+def without_gradients(decode):
+    """Decoding never differentiates: on PyTorch, no autograd graph is
+    recorded for its steps."""
+
+    @functools.wraps(decode)
+    def wrapper(*args, **kwargs):
+        with runtime.without_gradients():
+            return decode(*args, **kwargs)
+
+    return wrapper
+
+
+def call_step(step_fn, tokens, state):
+    """`step_fn(tokens, state)` as `(logits, state, attention or None)`,
+    with its results checked."""
+    result = step_fn(ops.convert_to_tensor(tokens, "int32"), state)
+    if not isinstance(result, tuple) or len(result) not in (2, 3):
+        raise ValueError(
+            "decoding: `step_fn` must return (logits, state) or "
+            f"(logits, state, attention). Received: {type(result).__name__} "
+            f"of length {len(result) if isinstance(result, tuple) else 1}"
+        )
+    logits, state = result[0], result[1]
+    if len(logits.shape) != 2:
+        raise ValueError(
+            "decoding: `step_fn` logits must be (B, V). "
+            f"Received: logits.shape={tuple(logits.shape)}"
+        )
+    return logits, state, result[2] if len(result) == 3 else None
+
+
+def is_shared(leaf) -> bool:
+    """A state leaf without a batch axis (a Python number, a scalar tensor
+    such as a cache position): shared by all rows, never tiled."""
+    return not hasattr(leaf, "shape") or len(leaf.shape) == 0
+
+
+def check_max_length(name, max_length):
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(
+            f"{name}: `max_length` must be a positive integer. "
+            f"Received: max_length={max_length!r}"
+        )
+
+
+def check_batch_major(name, state, batch):
+    """Every state leaf with a leading axis has `batch` rows: tiling a
+    table `(V, V)` along its first axis would silently change it."""
+    for path, leaf in keras.tree.flatten_with_path(state):
+        if is_shared(leaf) or leaf.shape[0] in (None, batch):
+            continue
+        where = "".join(f"[{key!r}]" for key in path)
+        raise ValueError(
+            f"{name}: every state leaf with a leading axis must have the "
+            f"batch size B={batch} (it is tiled to B·K rows); keep shared "
+            "tables in the step function's closure. Received: "
+            f"{f'state leaf {where}' if where else 'state'} with shape "
+            f"{tuple(leaf.shape)}"
+        )
+
+
+def length_penalty(lengths, alpha):
+    """GNMT's `((5 + |Y|) / 6) ** alpha` of int `lengths`, float32; exactly
+    1 for `alpha = 0`."""
+    lengths = ops.cast(lengths, "float32")
+    return ((5.0 + lengths) ** alpha) / (6.0**alpha)
+
+
+def coverage_score(coverage):
+    """`Σ_i log min(coverage_i, 1)` of `(..., S)` accumulated attention;
+    positions that never received attention (padding) count as covered,
+    as in tensorflow-addons, so they add `log 1 = 0`."""
+    clipped = ops.minimum(ops.where(coverage > 0, coverage, 1.0), 1.0)
+    return ops.sum(ops.log(clipped), axis=-1)
+
+
+def pad(ids, max_length, end_id):
+    """NumPy ids `(..., L')` padded to `(..., max_length)` with `end_id`
+    (0 without one), as a loop that stopped early leaves them."""
+    missing = max_length - ids.shape[-1]
+    if missing <= 0:
+        return ids
+    fill = end_id if end_id is not None else 0
+    padding = np.full((*ids.shape[:-1], missing), fill, ids.dtype)
+    return np.concatenate([ids, padding], axis=-1)

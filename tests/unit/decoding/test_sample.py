@@ -1,0 +1,162 @@
+"""Sampling: seeded, from the (truncated) distribution, the same tokens from
+the Python loop and the compiled loop."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention.decoding import greedy_search
+from keras_attention.decoding import sample
+from tests.helpers import BACKEND
+from tests.helpers import to_numpy
+from tests.unit.decoding.step_functions import CachedTransformer
+from tests.unit.decoding.step_functions import L
+from tests.unit.decoding.step_functions import PrefixModel
+
+# XLA's random bits differ from TensorFlow's own kernels: on TensorFlow a
+# compiled sampler is reproducible but does not draw the eager loop's tokens.
+SAME_SAMPLES_AS_PYTHON = BACKEND != "tensorflow"
+
+
+def test_top_k_one_sampling_equals_greedy():
+    model = PrefixModel(6, sharp=0.3)
+    starts = np.array([0, 1, 2, 0])
+    greedy = greedy_search(model.step, model.initial_state(4), starts, L)
+    sampled = sample(
+        model.step, model.initial_state(4), starts, L, top_k=1, seed=3
+    )
+    np.testing.assert_array_equal(to_numpy(sampled), to_numpy(greedy))
+    nucleus = sample(
+        model.step, model.initial_state(4), starts, L, top_p=1e-6, seed=3
+    )
+    np.testing.assert_array_equal(to_numpy(nucleus), to_numpy(greedy))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_sampling_is_seeded_and_follows_the_distribution(jit_compile):
+    probs = np.array([0.6, 0.3, 0.1])
+    logits = ops.convert_to_tensor(
+        np.log(probs)[None].repeat(2000, 0), "float32"
+    )
+
+    def step(ids, state):
+        return logits, state
+
+    def draw(seed, steps=1, **kwargs):
+        start = np.zeros(2000, "int32")
+        ids = sample(
+            step, (), start, steps, seed=seed, jit_compile=jit_compile, **kwargs
+        )
+        return to_numpy(ids)
+
+    first = draw(7, steps=2)
+    np.testing.assert_array_equal(first, draw(7, steps=2))
+    assert not np.array_equal(first, draw(8, steps=2))
+    # Each step draws afresh from the same distribution.
+    assert not np.array_equal(first[:, 0], first[:, 1])
+    for column in first.T:
+        frequencies = np.bincount(column.astype(int), minlength=3) / 2000
+        np.testing.assert_allclose(frequencies, probs, atol=0.04)
+    top2 = draw(7, top_k=2).ravel()
+    assert set(np.unique(top2)) == {0, 1}
+    hot = draw(7, temperature=0.05)
+    assert np.mean(hot == 0) > 0.99
+
+
+def test_compiled_sampling_with_a_kv_cache():
+    model = CachedTransformer(seed=1)
+    starts = np.array([1, 4, 7], "int32")
+
+    def draw(seed, jit_compile, **kwargs):
+        ids = sample(
+            model.step,
+            model.initial_state(8),
+            starts,
+            8,
+            seed=seed,
+            jit_compile=jit_compile,
+            **kwargs,
+        )
+        return to_numpy(ids)
+
+    first = draw(5, True)
+    np.testing.assert_array_equal(draw(5, True), first)
+    assert not np.array_equal(draw(6, True), first)
+    if SAME_SAMPLES_AS_PYTHON:
+        np.testing.assert_array_equal(first, draw(5, False))
+        np.testing.assert_array_equal(
+            draw(5, True, top_k=3, temperature=0.7),
+            draw(5, False, top_k=3, temperature=0.7),
+        )
+    # One token left is greedy search, truncated by either rule.
+    greedy = greedy_search(model.step, model.initial_state(8), starts, 8)
+    np.testing.assert_array_equal(draw(5, True, top_k=1), to_numpy(greedy))
+    np.testing.assert_array_equal(draw(5, True, top_p=1e-6), to_numpy(greedy))
+
+
+def test_a_seed_generator_advances_as_in_the_python_loop():
+    model = PrefixModel(2, sharp=0.5)
+    starts = np.zeros(16, "int32")
+
+    def two_draws(jit_compile):
+        seed = keras.random.SeedGenerator(11)
+        return [
+            to_numpy(
+                sample(
+                    model.step,
+                    model.initial_state(16),
+                    starts,
+                    3,
+                    seed=seed,
+                    jit_compile=jit_compile,
+                )
+            )
+            for _ in range(2)
+        ]
+
+    compiled = two_draws(True)
+    assert not np.array_equal(compiled[0], compiled[1])
+    if SAME_SAMPLES_AS_PYTHON:
+        python = two_draws(False)
+        np.testing.assert_array_equal(compiled[0], python[0])
+        np.testing.assert_array_equal(compiled[1], python[1])
+
+
+def test_a_tensor_temperature():
+    model = PrefixModel(3)
+    starts = np.zeros(4, "int32")
+    temperature = ops.convert_to_tensor(0.5)
+    first = sample(
+        model.step,
+        model.initial_state(4),
+        starts,
+        3,
+        seed=1,
+        temperature=temperature,
+        jit_compile=True,
+    )
+    again = sample(
+        model.step,
+        model.initial_state(4),
+        starts,
+        3,
+        seed=1,
+        temperature=0.5,
+        jit_compile=True,
+    )
+    np.testing.assert_array_equal(to_numpy(first), to_numpy(again))
+
+
+@pytest.mark.parametrize(
+    "kwargs,received",
+    [
+        ({"temperature": 0.0}, "temperature=0.0"),
+        ({"top_k": 0}, "top_k=0"),
+        ({"top_p": 1.5}, "top_p=1.5"),
+    ],
+)
+def test_bad_arguments(kwargs, received):
+    model = PrefixModel()
+    with pytest.raises(ValueError, match=received):
+        sample(model.step, model.initial_state(1), [0], 2, **kwargs)
