@@ -83,7 +83,7 @@ def refuse_structure(where, layer, block=False):
     if block:
         unsupported.update(sliding_window=None, num_key_value_heads=None)
     for name, default in unsupported.items():
-        value = getattr(layer, name)
+        value = getattr(layer, name, default)  # CrossAttention: no rotary
         if value != default and not (
             name == "num_key_value_heads" and value == layer.num_heads
         ):

@@ -12,9 +12,6 @@ from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.multi_head_core import MultiHeadCore
 
-# Arguments of the shared core that only self-attention accepts.
-_ROTARY_ARGUMENTS = ("use_rotary", "max_wavelength")
-
 
 @keras.saving.register_keras_serializable(package="keras_attention")
 class CrossAttention(MultiHeadCore):
@@ -34,7 +31,7 @@ class CrossAttention(MultiHeadCore):
     There is no rotary position embedding (`use_rotary` of
     `MultiHeadSelfAttention`): queries and keys come from different
     sequences, whose positions do not correspond. Passing `use_rotary` or
-    `max_wavelength` raises a `ValueError`.
+    `max_wavelength` raises Keras's `ValueError` for an unknown argument.
 
     Args:
         num_heads: Number of query heads N.
@@ -95,49 +92,6 @@ class CrossAttention(MultiHeadCore):
     References:
         Vaswani et al., "Attention Is All You Need", 2017.
     """
-
-    def __init__(
-        self,
-        num_heads: int,
-        key_dim: int | None = None,
-        value_dim: int | None = None,
-        dropout: float = 0.0,
-        use_bias: bool = True,
-        num_key_value_heads: int | None = None,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        sliding_window: int | tuple[int, int] | None = None,
-        alibi: bool = False,
-        logit_soft_cap: float | None = None,
-        use_qk_norm: bool = False,
-        **kwargs,
-    ):
-        rotary = {k: kwargs.pop(k) for k in _ROTARY_ARGUMENTS if k in kwargs}
-        super().__init__(
-            num_heads=num_heads,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            dropout=dropout,
-            use_bias=use_bias,
-            num_key_value_heads=num_key_value_heads,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            sliding_window=sliding_window,
-            alibi=alibi,
-            logit_soft_cap=logit_soft_cap,
-            use_qk_norm=use_qk_norm,
-            **kwargs,
-        )
-        if rotary:
-            # The base class takes them for self-attention; here they would
-            # rotate decoder queries and encoder keys by positions that do
-            # not correspond.
-            raise ValueError(
-                f"{self._where()}: unrecognized keyword arguments passed to "
-                f"CrossAttention: {rotary}. Rotary position embedding is "
-                "for self-attention only. Received: "
-                + ", ".join(f"{k}={v!r}" for k, v in rotary.items())
-            )
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
@@ -228,27 +182,6 @@ class CrossAttention(MultiHeadCore):
             dtype=self.compute_dtype,
         )
         return outputs, scores
-
-    def get_config(self):
-        config = super().get_config()
-        for name in _ROTARY_ARGUMENTS:
-            del config[name]
-        return config
-
-    @classmethod
-    def from_config(cls, config):
-        # Configs saved by earlier versions hold the core's rotary
-        # arguments (`use_rotary=False`, `max_wavelength`).
-        config = dict(config)
-        if config.pop("use_rotary", False):
-            raise ValueError(
-                f"CrossAttention (layer '{config.get('name')}'): this config "
-                "asks for rotary position embedding, which CrossAttention "
-                "does not support (it is for self-attention only). "
-                "Received: use_rotary=True"
-            )
-        config.pop("max_wavelength", None)
-        return super().from_config(config)
 
     def compute_cache(self, value, key=None):
         """Projected keys and values of a source, computed once.

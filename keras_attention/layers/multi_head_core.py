@@ -12,7 +12,6 @@ from keras_attention import functional
 from keras_attention._core import Structure
 from keras_attention.layers import checks
 from keras_attention.layers import sublayers
-from keras_attention.layers.rotary_embedding import RotaryEmbedding
 from keras_attention.layers.sublayers import LoraMixin
 from keras_attention.layers.sublayers import fresh
 from keras_attention.layers.sublayers import invoke
@@ -43,8 +42,6 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         dropout: float = 0.0,
         use_bias: bool = True,
         num_key_value_heads: int | None = None,
-        use_rotary: bool = False,
-        max_wavelength: float = 10000.0,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         sliding_window: int | tuple[int, int] | None = None,
@@ -60,8 +57,6 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         self.dropout = dropout
         self.use_bias = use_bias
         self.num_key_value_heads = num_key_value_heads
-        self.use_rotary = use_rotary
-        self.max_wavelength = max_wavelength
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         if isinstance(sliding_window, list):  # from a JSON config
@@ -83,8 +78,6 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
                 "dropout": self.dropout,
                 "use_bias": self.use_bias,
                 "num_key_value_heads": self.num_key_value_heads,
-                "use_rotary": self.use_rotary,
-                "max_wavelength": self.max_wavelength,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),
@@ -224,11 +217,6 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             )
         self._head_dim = self.key_dim or model_dim // self.num_heads
         self._value_head_dim = self.value_dim or self._head_dim
-        if self.use_rotary and self._head_dim % 2:
-            raise ValueError(
-                f"{self._where()}: `use_rotary=True` needs an even head dim. "
-                f"Received: key_dim={self._head_dim}"
-            )
         n, k = self.num_heads, self.kv_heads
         h, v = self._head_dim, self._value_head_dim
         self.query_dense = self._einsum(
@@ -250,14 +238,6 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         if self.use_qk_norm:
             self.query_norm = self._rms_norm("query_norm", (None, None, n, h))
             self.key_norm = self._rms_norm("key_norm", (None, None, k, h))
-        if self.use_rotary:
-            self.rotary_embedding = RotaryEmbedding(
-                self.max_wavelength,
-                dtype=policy_for(self, "rotary_embedding"),
-                name="rotary_embedding",
-            )
-            # Built now: `Model.quantize` refuses an unbuilt leaf.
-            self.rotary_embedding.build((None, None, n, h))
         self.attention_dropout = keras.layers.Dropout(
             self.dropout,
             dtype=policy_for(self, "attention_dropout"),
@@ -304,27 +284,17 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         layer.build(input_shape)
         return layer
 
-    def _project_query(self, query, start_index=0, segment_ids=None):
+    def _project_query(self, query):
         heads = invoke(self.query_dense, query)  # (B, T, N, H)
         if self.use_qk_norm:
             heads = invoke(self.query_norm, heads)
-        if self.use_rotary:
-            heads = self._rotate(heads, start_index, segment_ids)
         return heads
 
-    def _project_key_value(self, key, value, start_index=0, segment_ids=None):
+    def _project_key_value(self, key, value):
         key_heads = invoke(self.key_dense, key)  # (B, S, K, H)
         if self.use_qk_norm:
             key_heads = invoke(self.key_norm, key_heads)
-        if self.use_rotary:
-            key_heads = self._rotate(key_heads, start_index, segment_ids)
         return key_heads, invoke(self.value_dense, value)  # (B, S, K, V)
-
-    def _rotate(self, heads, start_index, segment_ids):
-        """Rotary positions; packed sequences restart at position 0."""
-        if segment_ids is None:
-            return invoke(self.rotary_embedding, heads, start_index=start_index)
-        return invoke(self.rotary_embedding, heads, segment_ids=segment_ids)
 
     def _attend(
         self,

@@ -11,6 +11,9 @@ from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers import kv_cache
 from keras_attention.layers.multi_head_core import MultiHeadCore
+from keras_attention.layers.rotary_embedding import RotaryEmbedding
+from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import policy_for
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -163,10 +166,61 @@ class MultiHeadSelfAttention(MultiHeadCore):
         Multi-Head Checkpoints", 2023.
     """
 
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        num_key_value_heads: int | None = None,
+        use_rotary: bool = False,
+        max_wavelength: float = 10000.0,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        sliding_window: int | tuple[int, int] | None = None,
+        alibi: bool = False,
+        logit_soft_cap: float | None = None,
+        use_qk_norm: bool = False,
+        **kwargs,
+    ):
+        super().__init__(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            num_key_value_heads=num_key_value_heads,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            sliding_window=sliding_window,
+            alibi=alibi,
+            logit_soft_cap=logit_soft_cap,
+            use_qk_norm=use_qk_norm,
+            **kwargs,
+        )
+        self.use_rotary = use_rotary
+        self.max_wavelength = max_wavelength
+
     def build(self, inputs_shape):
         self._build_heads(
             inputs_shape, inputs_shape, inputs_shape, name="inputs"
         )
+        if self.use_rotary:
+            if self._head_dim % 2:
+                raise ValueError(
+                    f"{self._where()}: `use_rotary=True` needs an even head "
+                    f"dim. Received: key_dim={self._head_dim}"
+                )
+            self.rotary_embedding = RotaryEmbedding(
+                self.max_wavelength,
+                dtype=policy_for(self, "rotary_embedding"),
+                name="rotary_embedding",
+            )
+            # Built now: `Model.quantize` refuses an unbuilt leaf.
+            self.rotary_embedding.build(
+                (None, None, self.num_heads, self._head_dim)
+            )
         self.built = True
 
     def call(
@@ -215,10 +269,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
             attention_mask,
         )  # (B, T, T)
         # Packed sequences restart their rotary positions.
-        query = self._project_query(inputs, segment_ids=segment_ids)
-        key, value = self._project_key_value(
-            inputs, inputs, segment_ids=segment_ids
-        )
+        query, key, value = self._project(inputs, segment_ids=segment_ids)
         outputs, scores = self._attend(
             query,
             key,
@@ -271,6 +322,33 @@ class MultiHeadSelfAttention(MultiHeadCore):
             result = (*result, new_cache)
         return result[0] if len(result) == 1 else result
 
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "use_rotary": self.use_rotary,
+                "max_wavelength": self.max_wavelength,
+            }
+        )
+        return config
+
+    def _project(self, inputs, start_index=0, segment_ids=None):
+        """Query `(B, T, N, H)`, key and value `(B, T, K, H)` heads of
+        `inputs`, rotated from `start_index` (or restarting at each packed
+        sequence) with `use_rotary`."""
+        query = self._project_query(inputs)
+        key, value = self._project_key_value(inputs, inputs)
+        if self.use_rotary:
+            query = self._rotate(query, start_index, segment_ids)
+            key = self._rotate(key, start_index, segment_ids)
+        return query, key, value
+
+    def _rotate(self, heads, start_index, segment_ids):
+        """Rotary positions; packed sequences restart at position 0."""
+        if segment_ids is None:
+            return invoke(self.rotary_embedding, heads, start_index=start_index)
+        return invoke(self.rotary_embedding, heads, segment_ids=segment_ids)
+
     def _call_cached(
         self,
         inputs,
@@ -293,10 +371,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
             padding_mask,
             attention_mask,
         )
-        query = self._project_query(inputs, start_index=cache_index)
-        key, value = self._project_key_value(
-            inputs, inputs, start_index=cache_index
-        )  # (B, T, K, H)
+        query, key, value = self._project(inputs, start_index=cache_index)
         view = kind.update(
             key, value, cache_index, padding_mask, attention_mask
         )
