@@ -71,12 +71,12 @@ def private_uses(trees):
                         aliases[alias.asname or alias.name] = full
                     elif (
                         node.module in public
+                        and node.module != here
                         and alias.name.startswith("_")
                         and not alias.name.startswith("__")
                         and f"{node.module}.{alias.name}" not in modules_
                     ):
-                        if node.module != here:
-                            found.add(f"{node.module}.{alias.name}")
+                        found.add(f"{node.module}.{alias.name}")
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name in public:
