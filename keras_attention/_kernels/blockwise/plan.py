@@ -43,8 +43,9 @@ class Plan:
         )
         half = self.dtypes[0] in ("float16", "bfloat16")
         self.compute_dtype = "float32" if half else self.dtypes[0]
-        # Below every real logit of the compute dtype.
-        self.negative = large_negative(self.compute_dtype)
+        # Below every real logit: float32's masking value, which float64
+        # holds too (and which backends convert from a Python float).
+        self.negative = large_negative("float32")
         segments = self._blocked_segments(structure)
         self.tensors = Tensors(
             None if mask is None else self._blocked_mask(mask),
