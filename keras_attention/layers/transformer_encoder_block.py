@@ -5,6 +5,7 @@ Shape legend: B batch, T sequence length, D model dim, N heads.
 
 import keras
 
+from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.transformer_block_base import TransformerBlockBase
 
 
@@ -111,7 +112,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
         )
 
         def self_attention(x):
-            result = self.self_attention(
+            result = invoke(
+                self.self_attention,
                 x,
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
