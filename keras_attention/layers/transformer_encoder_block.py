@@ -90,7 +90,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
 
     def build(self, inputs_shape):
         self._check_inputs_shape(inputs_shape)
-        self._build_self_attention(inputs_shape)
+        self.self_attention.build(inputs_shape)
+        self._build_residual("self_attention", inputs_shape)
         self._build_feedforward(inputs_shape)
         self.built = True
 
@@ -124,11 +125,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
             return result if return_attention_scores else (result, None)
 
         x, scores = self._residual(
-            self.self_attention_norm,
-            self.self_attention_dropout,
-            inputs,
-            self_attention,
-            training,
+            "self_attention", inputs, self_attention, training
         )
         x = self._feedforward(x, training)
         if return_attention_scores:
