@@ -365,7 +365,7 @@ def test_each_step_uses_its_own_dropout_mask(attention):
     outputs = layer(targets, encoded, mask, training=True)
     seed.assign(start)
     keras.utils.set_random_seed(11)
-    masks = layer.attention._draw_loop_noise((T, B, S))["dropout_mask"]
+    masks = layer.attention.draw_loop_noise((T, B, S))["dropout_mask"]
     kept = to_numpy(masks)
     assert set(np.unique(kept)) == {0.0, 2.0}
     assert not np.array_equal(kept[0], kept[1])

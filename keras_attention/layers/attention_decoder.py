@@ -199,9 +199,6 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 name="attention_projection",
             )
             self.attention_projection.build((batch, context_dim + units))
-        # Step inputs may carry an Embedding's mask; the cell only has to
-        # pass it on (padding is handled by the loss), not warn about it.
-        self.cell.supports_masking = True
         # Sublayers restored from a config arrive built.
         if not self.cell.built:
             self.cell.build((batch, cell_input_dim))
@@ -245,7 +242,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             # Drawn here, not in the loop: a seed drawn inside the scan
             # would leave the trace on JAX.
             length = ops.shape(inputs)[1]
-            steps["noise"] = self.attention._draw_loop_noise(
+            steps["noise"] = self.attention.draw_loop_noise(
                 (length, batch, source_length)
             )  # dropout masks, score noise: (T, B, S) each
 
@@ -414,10 +411,9 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         training,
         loop_noise=None,
     ):
-        """`step`, with the attention's randomness (dropout mask, score
-        noise: `(B, S)` each) when the caller drew it (the teacher-forced
-        loop)."""
-        cell_state, keys = state["cell"], state["keys"]
+        """`step`, with the attention's randomness (`draw_loop_noise`:
+        dropout mask, score noise, `(B, S)` each) when the caller drew it
+        (the teacher-forced loop)."""
         attention_state = state.get("attention")
         if self.attention.attention_state_names and attention_state is None:
             raise ValueError(
@@ -426,80 +422,54 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 f"{type(self.attention).__name__} reads its previous "
                 f"alignment. Received: state with keys {sorted(state)}"
             )
-        if self.flow == "bahdanau":
-            context, alignment = self._attend(
-                cell_state[0],
+        noise = loop_noise or {}
+
+        def attend(query):  # (context, alignment)
+            return self.attention.attend(
+                query,
                 encoder_outputs,
-                keys,
-                encoder_padding_mask,
-                training,
-                attention_state,
-                loop_noise,
+                state["keys"],
+                value_mask=encoder_padding_mask,
+                return_attention_scores=True,
+                training=training,
+                attention_state=attention_state,
+                **noise,
             )
-            cell_input = ops.concatenate(
-                [inputs_t, ops.cast(context, inputs_t.dtype)], axis=-1
-            )
-            output, new_cell = invoke(
-                self.cell, cell_input, cell_state, training=training
-            )
-            new_state = {"cell": _as_list(new_cell), "keys": keys}
-            self._update_attention_state(new_state, attention_state, alignment)
-            return output, new_state, alignment
-        cell_input = inputs_t
-        if self.input_feeding:
-            cell_input = ops.concatenate(
-                [inputs_t, ops.cast(state["feed"], inputs_t.dtype)], axis=-1
-            )
-        hidden, new_cell = invoke(
-            self.cell, cell_input, cell_state, training=training
-        )
-        context, alignment = self._attend(
-            hidden,
-            encoder_outputs,
-            keys,
-            encoder_padding_mask,
-            training,
-            attention_state,
-            loop_noise,
-        )
-        output = invoke(
-            self.attention_projection,
-            ops.concatenate([ops.cast(context, hidden.dtype), hidden], axis=-1),
-        )  # (B, A)
-        new_state = {"cell": _as_list(new_cell), "keys": keys}
-        if self.input_feeding:
-            new_state["feed"] = output
-        self._update_attention_state(new_state, attention_state, alignment)
-        return output, new_state, alignment
 
-    def _attend(
-        self,
-        query,
-        encoder_outputs,
-        keys,
-        encoder_padding_mask,
-        training,
-        attention_state,
-        loop_noise,
-    ):
-        loop_noise = loop_noise or {}
-        return self.attention.attend(
-            query,
-            encoder_outputs,
-            keys,
-            value_mask=encoder_padding_mask,
-            return_attention_scores=True,
-            training=training,
-            dropout_mask=loop_noise.get("dropout_mask"),
-            attention_state=attention_state,
-            score_noise=loop_noise.get("score_noise"),
+        parts = [inputs_t]
+        if self.flow == "bahdanau":
+            context, alignment = attend(state["cell"][0])  # with s_{t-1}
+            parts.append(context)
+        elif self.input_feeding:
+            parts.append(state["feed"])
+        # Always a new tensor (a copy of a lone `inputs_t`): the cell's
+        # `__call__` would warn that it drops a mask an Embedding attached
+        # to `inputs_t` (JAX finds masks by the array's identity).
+        parts = [ops.cast(part, inputs_t.dtype) for part in parts]
+        cell_input = (
+            ops.concatenate(parts, axis=-1)
+            if len(parts) > 1
+            else ops.copy(inputs_t)
         )
-
-    def _update_attention_state(self, new_state, attention_state, alignment):
+        output, new_cell = invoke(
+            self.cell, cell_input, state["cell"], training=training
+        )
+        new_state = {"cell": _as_list(new_cell), "keys": state["keys"]}
+        if self.flow == "luong":
+            context, alignment = attend(output)  # with s_t
+            output = invoke(
+                self.attention_projection,
+                ops.concatenate(
+                    [ops.cast(context, output.dtype), output], axis=-1
+                ),
+            )  # (B, A)
+            if self.input_feeding:
+                new_state["feed"] = output
         if attention_state is not None:
             new_state["attention"] = self.attention.next_attention_state(
                 attention_state, alignment
             )
+        return output, new_state, alignment
 
     def _where(self):
         return f"AttentionDecoder (layer '{self.name}')"

@@ -39,7 +39,9 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
     `(B, S)`, in `attention_state_names`, says how they start in
     `get_initial_attention_state` and how a step's weights update them in
     `next_attention_state`; `AttentionDecoder` carries them from step to
-    step. A content-only mechanism has no state and pays nothing.
+    step. A content-only mechanism has no state and pays nothing. A loop
+    compiled over the steps in training draws their randomness (dropout
+    masks, score noise) up front with `draw_loop_noise`.
 
     Args:
         dropout: Dropout rate on the attention weights during
@@ -92,17 +94,17 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         self.dropout = dropout
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
-        self._dropout_layer = keras.layers.Dropout(
-            dropout,
-            dtype=policy_for(self, "attention_dropout"),
-            name="attention_dropout",
-        )
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
         self._check_shapes(query_shape, value_shape, key_shape)
-        self._build_score(query_shape[-1], key_shape[-1])
+        self._dropout_layer = keras.layers.Dropout(
+            self.dropout,
+            dtype=policy_for(self, "attention_dropout"),
+            name="attention_dropout",
+        )
         self._dropout_layer.build(None)
+        self._build_score(query_shape[-1], key_shape[-1])
         self.built = True
 
     def call(
@@ -303,11 +305,24 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
             return context, weights
         return context
 
-    def _draw_loop_noise(self, shape) -> dict:
-        """The randomness of a training loop, drawn before it: `attend`'s
-        `dropout_mask` (a keep-mask of `shape` scaled by `1 / (1 -
-        dropout)`, from the seed generator of the layer's dropout) when
-        there is dropout; subclasses with noisy scores add `score_noise`.
+    def draw_loop_noise(self, shape) -> dict:
+        """The randomness of the steps of a training loop, drawn before it.
+
+        A loop compiled with `keras.ops.scan` cannot draw inside its body
+        (the seed would escape JAX's trace), so it draws here once, as
+        Keras's RNN layers draw their dropout masks, and passes step `t`'s
+        slice `[t]` of each tensor to `attend` as the keyword argument of
+        the same name. `AttentionDecoder` does so.
+
+        Args:
+            shape (tuple): `(T, B, S)`: steps, batch, source length.
+
+        Returns:
+            dict: `attend`'s `dropout_mask` (a keep-mask scaled by
+                `1 / (1 - dropout)`, from the layer's dropout seed) when
+                there is dropout, and for a mechanism with noisy scores
+                its `score_noise`, each of `shape`; empty without
+                randomness.
         """
         if not self.dropout:
             return {}
@@ -336,7 +351,7 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
             # Drawn before the loop: a seed drawn inside would escape JAX's
             # trace.
             steps.update(
-                self._draw_loop_noise((length, batch, source_length))
+                self.draw_loop_noise((length, batch, source_length))
             )  # (T, B, S) each
         init = {
             "state": self._as_state_dtype(attention_state),

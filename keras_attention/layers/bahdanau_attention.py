@@ -101,20 +101,6 @@ class BahdanauAttention(AttentionMechanism):
             )
         self.units = units
         self.normalize = normalize
-        self.query_dense = keras.layers.Dense(
-            units,
-            use_bias=False,
-            kernel_initializer=fresh(self.kernel_initializer),
-            dtype=policy_for(self, "query_dense"),
-            name="query_dense",
-        )
-        self.key_dense = keras.layers.Dense(
-            units,
-            use_bias=False,
-            kernel_initializer=fresh(self.kernel_initializer),
-            dtype=policy_for(self, "key_dense"),
-            name="key_dense",
-        )
 
     def get_config(self):
         config = super().get_config()
@@ -125,8 +111,8 @@ class BahdanauAttention(AttentionMechanism):
         return invoke(self.key_dense, key)  # (B, S, U)
 
     def _build_score(self, query_dim, key_dim):
-        self.query_dense.build((None, None, query_dim))
-        self.key_dense.build((None, None, key_dim))
+        self.query_dense = self._dense("query_dense", query_dim)
+        self.key_dense = self._dense("key_dense", key_dim)
         self.score_kernel = self.add_weight(
             name="score_kernel",
             shape=(self.units,),
@@ -156,3 +142,14 @@ class BahdanauAttention(AttentionMechanism):
         return functional.additive_score(
             invoke(self.query_dense, query), projected_keys, kernel, bias
         )  # (B, T, S)
+
+    def _dense(self, name, input_dim):
+        layer = keras.layers.Dense(
+            self.units,
+            use_bias=False,
+            kernel_initializer=fresh(self.kernel_initializer),
+            dtype=policy_for(self, name),
+            name=name,
+        )
+        layer.build((None, None, input_dim))
+        return layer

@@ -36,6 +36,47 @@ def check_flag(where: str, name: str, value):
         )
 
 
+def check_head_arguments(
+    where: str,
+    num_heads,
+    key_dim=None,
+    value_dim=None,
+    num_key_value_heads=None,
+    dropout=0.0,
+    use_qk_norm=False,
+    sliding_window=None,
+    alibi=False,
+    logit_soft_cap=None,
+):
+    """The constructor arguments of multi-head attention (the layers and
+    the blocks), checked before anything is built."""
+    check_positive_int(where, "num_heads", num_heads)
+    check_flag(where, "use_qk_norm", use_qk_norm)
+    for name, value in (
+        ("key_dim", key_dim),
+        ("value_dim", value_dim),
+        ("num_key_value_heads", num_key_value_heads),
+    ):
+        check_positive_int(where, name, value, optional=True)
+    if num_heads % (num_key_value_heads or num_heads):
+        raise ValueError(
+            f"{where}: `num_heads` must be a multiple of "
+            "`num_key_value_heads`. Received: "
+            f"num_heads={num_heads}, "
+            f"num_key_value_heads={num_key_value_heads}"
+        )
+    _core.Structure.from_args(
+        where=where,
+        sliding_window=sliding_window,
+        alibi=alibi,
+        logit_soft_cap=logit_soft_cap,
+    )  # checks the structural arguments
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(
+            f"{where}: `dropout` must be in [0, 1). Received: dropout={dropout}"
+        )
+
+
 def check_start_index(where: str, start_index):
     """A known `start_index` (an int, a NumPy integer, an eager tensor)
     must not be negative; a traced one is used as given."""

@@ -122,9 +122,6 @@ class LocationSensitiveAttention(AttentionMechanism):
         self.attention_state_names = (
             ("alignment", "cumulative") if self.cumulative else ("alignment",)
         )
-        self.query_dense = self._dense("query_dense")
-        self.key_dense = self._dense("key_dense")
-        self.location_dense = self._dense("location_dense")
 
     def get_config(self):
         config = super().get_config()
@@ -157,8 +154,8 @@ class LocationSensitiveAttention(AttentionMechanism):
 
     def _build_score(self, query_dim, key_dim):
         channels = len(self.attention_state_names)
-        self.query_dense.build((None, None, query_dim))
-        self.key_dense.build((None, None, key_dim))
+        self.query_dense = self._dense("query_dense", query_dim)
+        self.key_dense = self._dense("key_dense", key_dim)
         # A weight, not a Conv1D: the convolution casts it to the compute
         # dtype itself, whatever autocast scope the layer is called in.
         self.location_kernel = self.add_weight(
@@ -166,7 +163,7 @@ class LocationSensitiveAttention(AttentionMechanism):
             shape=(self.kernel_size, channels, self.filters),
             initializer=fresh(self.kernel_initializer),
         )
-        self.location_dense.build((None, None, self.filters))
+        self.location_dense = self._dense("location_dense", self.filters)
         self.score_kernel = self.add_weight(
             name="score_kernel",
             shape=(self.units,),
@@ -205,11 +202,13 @@ class LocationSensitiveAttention(AttentionMechanism):
         # A row with every position masked sums to 0: keep its zeros.
         return weights / ops.where(total > 0, total, ops.ones_like(total))
 
-    def _dense(self, name):
-        return keras.layers.Dense(
+    def _dense(self, name, input_dim):
+        layer = keras.layers.Dense(
             self.units,
             use_bias=False,
             kernel_initializer=fresh(self.kernel_initializer),
             dtype=policy_for(self, name),
             name=name,
         )
+        layer.build((None, None, input_dim))
+        return layer

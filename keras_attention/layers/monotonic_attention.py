@@ -131,40 +131,17 @@ class MonotonicAttention(AttentionMechanism):
         super().__init__(
             dropout=dropout, kernel_initializer=kernel_initializer, **kwargs
         )
-        where = self._where()
-        _check_choice(where, "score", score, _SCORES)
-        _check_choice(where, "mode", mode, _MODES)
-        if inference_mode is not None:
-            _check_choice(where, "inference_mode", inference_mode, _MODES)
-        checks.check_positive_int(
-            where, "units", units, optional=score == "luong"
+        _check_arguments(
+            self._where(),
+            units=units,
+            score=score,
+            mode=mode,
+            sigmoid_noise=sigmoid_noise,
+            score_bias_init=score_bias_init,
+            normalize=normalize,
+            scale=scale,
+            inference_mode=inference_mode,
         )
-        checks.check_flag(where, "normalize", normalize)
-        checks.check_flag(where, "scale", scale)
-        if normalize and score != "bahdanau" or scale and score != "luong":
-            raise ValueError(
-                f"{where}: `normalize` applies to score='bahdanau' and "
-                "`scale` to score='luong'. Received: "
-                f"score={score!r}, normalize={normalize}, scale={scale}"
-            )
-        for name, number in (
-            ("sigmoid_noise", sigmoid_noise),
-            ("score_bias_init", score_bias_init),
-        ):
-            if (
-                isinstance(number, bool)
-                or not isinstance(number, (int, float, np.integer, np.floating))
-                or not np.isfinite(number)
-            ):
-                raise ValueError(
-                    f"{where}: `{name}` must be a finite number. "
-                    f"Received: {name}={number!r}"
-                )
-        if sigmoid_noise < 0:
-            raise ValueError(
-                f"{where}: `sigmoid_noise` must be >= 0. "
-                f"Received: sigmoid_noise={sigmoid_noise}"
-            )
         self.units = units
         self.score = score
         self.mode = mode
@@ -173,23 +150,6 @@ class MonotonicAttention(AttentionMechanism):
         self.normalize = bool(normalize)
         self.scale = bool(scale)
         self.inference_mode = inference_mode
-        # The score itself is Bahdanau's or Luong's, reused as a sublayer.
-        if score == "bahdanau":
-            self.scorer = BahdanauAttention(
-                units,
-                normalize=normalize,
-                kernel_initializer=fresh(self.kernel_initializer),
-                dtype=policy_for(self, "bahdanau_score"),
-                name="bahdanau_score",
-            )
-        else:
-            self.scorer = LuongAttention(
-                "general",
-                scale=scale,
-                kernel_initializer=fresh(self.kernel_initializer),
-                dtype=policy_for(self, "luong_score"),
-                name="luong_score",
-            )
         self._noise_seed = None
         if self.sigmoid_noise:
             self._noise_seed = keras.random.SeedGenerator(
@@ -232,6 +192,23 @@ class MonotonicAttention(AttentionMechanism):
                 "query's size, so `units` must equal the query dim. "
                 f"Received: units={self.units}, query.shape[-1]={query_dim}"
             )
+        # The score itself is Bahdanau's or Luong's, reused as a sublayer.
+        if self.score == "bahdanau":
+            self.scorer = BahdanauAttention(
+                self.units,
+                normalize=self.normalize,
+                kernel_initializer=fresh(self.kernel_initializer),
+                dtype=policy_for(self, "bahdanau_score"),
+                name="bahdanau_score",
+            )
+        else:
+            self.scorer = LuongAttention(
+                "general",
+                scale=self.scale,
+                kernel_initializer=fresh(self.kernel_initializer),
+                dtype=policy_for(self, "luong_score"),
+                name="luong_score",
+            )
         self.scorer.build((None, query_dim), (None, None, key_dim))
         self.score_offset = self.add_weight(
             name="score_offset",
@@ -239,8 +216,8 @@ class MonotonicAttention(AttentionMechanism):
             initializer=keras.initializers.Constant(self.score_bias_init),
         )
 
-    def _draw_loop_noise(self, shape):
-        noise = super()._draw_loop_noise(shape)
+    def draw_loop_noise(self, shape):
+        noise = super().draw_loop_noise(shape)
         if self.sigmoid_noise:
             noise["score_noise"] = self._draw_score_noise(shape)
         return noise
@@ -270,6 +247,51 @@ class MonotonicAttention(AttentionMechanism):
     def _draw_score_noise(self, shape):
         return self.sigmoid_noise * keras.random.normal(
             shape, dtype=self._state_dtype(), seed=self._noise_seed
+        )
+
+
+def _check_arguments(
+    where,
+    units,
+    score,
+    mode,
+    sigmoid_noise,
+    score_bias_init,
+    normalize,
+    scale,
+    inference_mode,
+):
+    """The constructor's checks, before anything is built."""
+    _check_choice(where, "score", score, _SCORES)
+    _check_choice(where, "mode", mode, _MODES)
+    if inference_mode is not None:
+        _check_choice(where, "inference_mode", inference_mode, _MODES)
+    checks.check_positive_int(where, "units", units, optional=score == "luong")
+    checks.check_flag(where, "normalize", normalize)
+    checks.check_flag(where, "scale", scale)
+    if normalize and score != "bahdanau" or scale and score != "luong":
+        raise ValueError(
+            f"{where}: `normalize` applies to score='bahdanau' and "
+            "`scale` to score='luong'. Received: "
+            f"score={score!r}, normalize={normalize}, scale={scale}"
+        )
+    for name, number in (
+        ("sigmoid_noise", sigmoid_noise),
+        ("score_bias_init", score_bias_init),
+    ):
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, (int, float, np.integer, np.floating))
+            or not np.isfinite(number)
+        ):
+            raise ValueError(
+                f"{where}: `{name}` must be a finite number. "
+                f"Received: {name}={number!r}"
+            )
+    if sigmoid_noise < 0:
+        raise ValueError(
+            f"{where}: `sigmoid_noise` must be >= 0. "
+            f"Received: sigmoid_noise={sigmoid_noise}"
         )
 
 

@@ -65,7 +65,18 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         self.alibi = alibi
         self.logit_soft_cap = logit_soft_cap
         self.use_qk_norm = use_qk_norm
-        self._validate_arguments()
+        checks.check_head_arguments(
+            self._where(),
+            num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            num_key_value_heads=num_key_value_heads,
+            dropout=dropout,
+            use_qk_norm=use_qk_norm,
+            sliding_window=sliding_window,
+            alibi=alibi,
+            logit_soft_cap=logit_soft_cap,
+        )
         self.supports_masking = True
 
     def get_config(self):
@@ -172,33 +183,6 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
 
     def _where(self):
         return f"{type(self).__name__} (layer '{self.name}')"
-
-    def _validate_arguments(self):
-        where = self._where()
-        checks.check_positive_int(where, "num_heads", self.num_heads)
-        checks.check_flag(where, "use_qk_norm", self.use_qk_norm)
-        for name in ("key_dim", "value_dim", "num_key_value_heads"):
-            checks.check_positive_int(
-                where, name, getattr(self, name), optional=True
-            )
-        if self.num_heads % self.kv_heads:
-            raise ValueError(
-                f"{self._where()}: `num_heads` must be a multiple of "
-                "`num_key_value_heads`. Received: "
-                f"num_heads={self.num_heads}, "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-        Structure.from_args(
-            where=where,
-            sliding_window=self.sliding_window,
-            alibi=self.alibi,
-            logit_soft_cap=self.logit_soft_cap,
-        )  # checks the structural arguments
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(
-                f"{self._where()}: `dropout` must be in [0, 1). "
-                f"Received: dropout={self.dropout}"
-            )
 
     def _build_heads(self, query_shape, key_shape, value_shape, name=None):
         """Creates the projections for inputs of the given shapes.

@@ -91,8 +91,10 @@ def policy_for(layer, name):
     quantized code paths read `layer.dtype_policy.quantization_mode`).
     A nested container gets the part of the map below its name. A map
     keyed by absolute paths (a model-level map, as keras-hub writes) is
-    resolved by the sublayer's path when it is known (in `build`) and
-    passed on otherwise.
+    resolved by the sublayer's path when it is known (in `build`, where
+    sublayers are made), and passed on to a container with entries below
+    it (or when the path is not known), whose own sublayers resolve
+    their paths.
     """
     policy = layer.dtype_policy
     if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
@@ -110,9 +112,12 @@ def policy_for(layer, name):
         return keras.dtype_policies.DTypePolicyMap(
             policy.default_policy, {**entries, **nested}
         )
-    if layer.path:  # in `build`: the sublayer's path is known
-        return policy[f"{layer.path}/{name}"]
-    return policy
+    if not layer.path:
+        return policy
+    path = f"{layer.path}/{name}"  # in `build`: the sublayer's path
+    if any(key.startswith(f"{path}/") for key in entries):
+        return policy
+    return policy[path]
 
 
 def dtype_config(layer, config):

@@ -49,18 +49,22 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         where = self._where()
-        checks.check_positive_int(where, "num_heads", num_heads)
+        if isinstance(sliding_window, list):  # from a JSON config
+            sliding_window = tuple(sliding_window)
         checks.check_positive_int(where, "intermediate_dim", intermediate_dim)
-        checks.check_flag(where, "use_qk_norm", use_qk_norm)
-        checks.check_positive_int(where, "key_dim", key_dim, optional=True)
-        checks.check_positive_int(
-            where, "num_key_value_heads", num_key_value_heads, optional=True
+        # The self-attention's arguments, checked here: it is made in
+        # `build`, but bad arguments fail at construction.
+        checks.check_head_arguments(
+            where,
+            num_heads,
+            key_dim=key_dim,
+            num_key_value_heads=num_key_value_heads,
+            dropout=dropout,
+            use_qk_norm=use_qk_norm,
+            sliding_window=sliding_window,
+            alibi=alibi,
+            logit_soft_cap=logit_soft_cap,
         )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(
-                f"{where}: `dropout` must be in [0, 1). "
-                f"Received: dropout={dropout}"
-            )
         if not layer_norm_epsilon > 0:
             raise ValueError(
                 f"{where}: `layer_norm_epsilon` must be positive. "
@@ -77,35 +81,11 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         self.use_rotary = use_rotary
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        if isinstance(sliding_window, list):  # from a JSON config
-            sliding_window = tuple(sliding_window)
-        Structure.from_args(
-            where=where,
-            sliding_window=sliding_window,
-            alibi=alibi,
-            logit_soft_cap=logit_soft_cap,
-        )  # checks the structural arguments
         self.sliding_window = sliding_window
         self.alibi = alibi
         self.logit_soft_cap = logit_soft_cap
         self.use_qk_norm = use_qk_norm
         self.supports_masking = True
-        # Built now so that bad head arguments fail at construction.
-        self.self_attention = MultiHeadSelfAttention(
-            num_heads,
-            key_dim=key_dim,
-            dropout=dropout,
-            num_key_value_heads=num_key_value_heads,
-            use_rotary=use_rotary,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
-            sliding_window=sliding_window,
-            alibi=alibi,
-            logit_soft_cap=logit_soft_cap,
-            use_qk_norm=use_qk_norm,
-            dtype=policy_for(self, "self_attention"),
-            name="self_attention",
-        )
 
     def get_config(self):
         config = super().get_config()
@@ -167,21 +147,28 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
             (batch, length, length),
         )
 
-    def _build_residual(self, name, inputs_shape):
-        """A LayerNorm and a Dropout for the residual sublayer `name`."""
-        norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon,
-            dtype=policy_for(self, f"{name}_norm"),
-            name=f"{name}_norm",
+    def _build_self_attention(self, inputs_shape):
+        """The self-attention sublayer, its LayerNorm and its dropout."""
+        self.self_attention = MultiHeadSelfAttention(
+            self.num_heads,
+            key_dim=self.key_dim,
+            dropout=self.dropout,
+            num_key_value_heads=self.num_key_value_heads,
+            use_rotary=self.use_rotary,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            sliding_window=self.sliding_window,
+            alibi=self.alibi,
+            logit_soft_cap=self.logit_soft_cap,
+            use_qk_norm=self.use_qk_norm,
+            dtype=policy_for(self, "self_attention"),
+            name="self_attention",
         )
-        norm.build(inputs_shape)
-        dropout = keras.layers.Dropout(
-            self.dropout,
-            dtype=policy_for(self, f"{name}_dropout"),
-            name=f"{name}_dropout",
+        self.self_attention.build(inputs_shape)
+        self.self_attention_norm = self._layer_norm(
+            "self_attention_norm", inputs_shape
         )
-        setattr(self, f"{name}_norm", norm)
-        setattr(self, f"{name}_dropout", dropout)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
 
     def _build_feedforward(self, inputs_shape):
         self.feedforward_intermediate_dense = self._dense(
@@ -196,7 +183,26 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
             "feedforward_output_dense",
             (*inputs_shape[:-1], self.intermediate_dim),
         )
-        self._build_residual("feedforward", inputs_shape)
+        self.feedforward_norm = self._layer_norm(
+            "feedforward_norm", inputs_shape
+        )
+        self.feedforward_dropout = self._dropout("feedforward_dropout")
+
+    def _layer_norm(self, name, inputs_shape):
+        layer = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon,
+            dtype=policy_for(self, name),
+            name=name,
+        )
+        layer.build(inputs_shape)
+        return layer
+
+    def _dropout(self, name):
+        layer = keras.layers.Dropout(
+            self.dropout, dtype=policy_for(self, name), name=name
+        )
+        layer.build(None)
+        return layer
 
     def _dense(self, units, activation, name, inputs_shape):
         layer = keras.layers.Dense(
@@ -210,13 +216,11 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         layer.build(inputs_shape)
         return layer
 
-    def _residual(self, name, x, sublayer, training):
+    def _residual(self, norm, dropout, x, sublayer, training):
         """`x + Dropout(sublayer(x))` with the block's LayerNorm placement.
 
         `sublayer` returns `(y, extra)`; returns `(x', extra)`.
         """
-        norm = getattr(self, f"{name}_norm")
-        dropout = getattr(self, f"{name}_dropout")
         y, extra = sublayer(invoke(norm, x) if self.normalize_first else x)
         x = x + invoke(dropout, y, training=training)
         return (x if self.normalize_first else invoke(norm, x)), extra
@@ -226,4 +230,10 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
             hidden = invoke(self.feedforward_intermediate_dense, y)  # (B,T,F)
             return invoke(self.feedforward_output_dense, hidden), None
 
-        return self._residual("feedforward", x, feedforward, training)[0]
+        return self._residual(
+            self.feedforward_norm,
+            self.feedforward_dropout,
+            x,
+            feedforward,
+            training,
+        )[0]

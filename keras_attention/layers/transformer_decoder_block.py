@@ -132,8 +132,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
         self._check_inputs_shape(inputs_shape)
-        self.self_attention.build(inputs_shape)
-        self._build_residual("self_attention", inputs_shape)
+        self._build_self_attention(inputs_shape)
         self.cross_attention = None
         if encoder_outputs_shape is not None:
             self._check_encoder_shape(inputs_shape, encoder_outputs_shape)
@@ -149,7 +148,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 name="cross_attention",
             )
             self.cross_attention.build(inputs_shape, encoder_outputs_shape)
-            self._build_residual("cross_attention", inputs_shape)
+            self.cross_attention_norm = self._layer_norm(
+                "cross_attention_norm", inputs_shape
+            )
+            self.cross_attention_dropout = self._dropout(
+                "cross_attention_dropout"
+            )
         self._build_feedforward(inputs_shape)
         self.built = True
 
@@ -176,27 +180,17 @@ class TransformerDecoderBlock(TransformerBlockBase):
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_outputs_mask
         self_cache, cross_cache = self._split_cache(cache)
-        self._check_encoder(encoder_outputs, cross_cache, encoder_padding_mask)
-        checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
-        source_length = False  # no source
-        if encoder_outputs is not None:
-            source_length = encoder_outputs.shape[1]
-        elif cross_cache is not None:
-            source_length = cross_cache.shape[2]
-        cross_segments = self._cross_segments(
-            inputs, segment_ids, encoder_segment_ids, source_length
+        cross_segments = self._check_call(
+            inputs,
+            encoder_outputs,
+            cache,
+            padding_mask,
+            encoder_padding_mask,
+            attention_mask,
+            use_causal_mask,
+            segment_ids,
+            encoder_segment_ids,
         )
-        if cache is None:  # with a cache, masks cover the cache's positions
-            self._check_self_masks(
-                inputs, padding_mask, attention_mask, segment_ids
-            )
-        elif segment_ids is not None:
-            raise ValueError(
-                f"{self._where()}: `segment_ids` (packed sequences) cannot "
-                "be combined with a `cache`; decode each sequence in its own "
-                "row, with `padding_mask`. Received: segment_ids.shape="
-                f"{tuple(keras.ops.shape(segment_ids))}"
-            )
         scores = {}
 
         def self_attention(x):
@@ -215,33 +209,28 @@ class TransformerDecoderBlock(TransformerBlockBase):
             return _split_result(result, return_attention_scores, self_cache)
 
         x, (scores["self"], self_cache) = self._residual(
-            "self_attention", inputs, self_attention, training
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            inputs,
+            self_attention,
+            training,
         )
         if self.cross_attention is not None:
-
-            def cross_attention(x):
-                result = invoke(
-                    self.cross_attention,
-                    x,
-                    encoder_outputs,
-                    value_mask=encoder_padding_mask,
-                    cache=cross_cache,
-                    segment_ids=cross_segments,
-                    return_attention_scores=return_attention_scores,
-                    training=training,
-                )
-                return result if return_attention_scores else (result, None)
-
-            x, scores["cross"] = self._residual(
-                "cross_attention", x, cross_attention, training
+            x, scores["cross"] = self._cross_residual(
+                x,
+                encoder_outputs,
+                encoder_padding_mask,
+                cross_cache,
+                cross_segments,
+                return_attention_scores,
+                training,
             )
         x = self._feedforward(x, training)
         outputs = (x, scores) if return_attention_scores else (x,)
         if cache is not None:
-            new_cache = self_cache
             if isinstance(cache, dict):
-                new_cache = {**cache, "self": self_cache}
-            outputs = (*outputs, new_cache)
+                self_cache = {**cache, "self": self_cache}
+            outputs = (*outputs, self_cache)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
@@ -330,8 +319,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 window's reach `R` is shorter than `max_length`; with
                 cross-attention also `"cross": (B, 2, S, K, H)`.
         """
-        attention = self.self_attention
-        if not attention.built:
+        if not self.built:
             raise ValueError(
                 f"{type(self).__name__} (layer '{self.name}'): call or build "
                 "the block before `init_cache`, so that its head sizes are "
@@ -342,6 +330,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             "max_length",
             max_length,
         )
+        attention = self.self_attention
         rolling = kv_cache.rolling_length(self._where(), self.sliding_window)
         rolls = rolling is not None and rolling < max_length
         shape = (
@@ -357,6 +346,77 @@ class TransformerDecoderBlock(TransformerBlockBase):
             self._check_encoder(encoder_outputs, None)
             cache["cross"] = self.cross_attention.compute_cache(encoder_outputs)
         return cache
+
+    def _check_call(
+        self,
+        inputs,
+        encoder_outputs,
+        cache,
+        padding_mask,
+        encoder_padding_mask,
+        attention_mask,
+        use_causal_mask,
+        segment_ids,
+        encoder_segment_ids,
+    ):
+        """Checks a call under the block's name (not a sublayer's);
+        returns the cross-attention's `segment_ids`, or `None`."""
+        _, cross_cache = self._split_cache(cache)
+        self._check_encoder(encoder_outputs, cross_cache, encoder_padding_mask)
+        checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
+        source_length = False  # no source
+        if encoder_outputs is not None:
+            source_length = encoder_outputs.shape[1]
+        elif cross_cache is not None:
+            source_length = cross_cache.shape[2]
+        cross_segments = self._cross_segments(
+            inputs, segment_ids, encoder_segment_ids, source_length
+        )
+        if cache is None:  # with a cache, masks cover the cache's positions
+            self._check_self_masks(
+                inputs, padding_mask, attention_mask, segment_ids
+            )
+        elif segment_ids is not None:
+            raise ValueError(
+                f"{self._where()}: `segment_ids` (packed sequences) cannot "
+                "be combined with a `cache`; decode each sequence in its own "
+                "row, with `padding_mask`. Received: segment_ids.shape="
+                f"{tuple(keras.ops.shape(segment_ids))}"
+            )
+        return cross_segments
+
+    def _cross_residual(
+        self,
+        x,
+        encoder_outputs,
+        encoder_padding_mask,
+        cross_cache,
+        segment_ids,
+        return_attention_scores,
+        training,
+    ):
+        """The cross-attention sublayer: `(x', scores or None)`."""
+
+        def cross_attention(y):
+            result = invoke(
+                self.cross_attention,
+                y,
+                encoder_outputs,
+                value_mask=encoder_padding_mask,
+                cache=cross_cache,
+                segment_ids=segment_ids,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            return result if return_attention_scores else (result, None)
+
+        return self._residual(
+            self.cross_attention_norm,
+            self.cross_attention_dropout,
+            x,
+            cross_attention,
+            training,
+        )
 
     def _split_cache(self, cache):
         if cache is None or not isinstance(cache, dict):

@@ -90,8 +90,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
 
     def build(self, inputs_shape):
         self._check_inputs_shape(inputs_shape)
-        self.self_attention.build(inputs_shape)
-        self._build_residual("self_attention", inputs_shape)
+        self._build_self_attention(inputs_shape)
         self._build_feedforward(inputs_shape)
         self.built = True
 
@@ -125,7 +124,11 @@ class TransformerEncoderBlock(TransformerBlockBase):
             return result if return_attention_scores else (result, None)
 
         x, scores = self._residual(
-            "self_attention", inputs, self_attention, training
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            inputs,
+            self_attention,
+            training,
         )
         x = self._feedforward(x, training)
         if return_attention_scores:
