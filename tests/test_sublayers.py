@@ -1,5 +1,6 @@
-"""`sublayers.invoke`: a built sublayer called straight through `call` in
-inference gives what `__call__` gives; `__call__` is kept where it matters.
+"""`sublayers.call_leaf`: a built leaf sublayer called straight through
+`call` in inference gives what `__call__` gives; `__call__` is kept where
+it matters.
 """
 
 import keras
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 import keras_attention as ka
-from keras_attention.layers.sublayers import invoke
+from keras_attention.layers.sublayers import call_leaf
 from tests.helpers import rng
 from tests.helpers import to_numpy
 
@@ -79,21 +80,26 @@ def test_cached_decoding_step_equals_call_path():
     )
 
 
+def test_containers_are_refused():
+    with pytest.raises(TypeError, match="Received: MultiHeadSelfAttention"):
+        call_leaf(ka.MultiHeadSelfAttention(2), np.ones((1, 2, 4), "float32"))
+
+
 def test_dropout_is_skipped_in_inference_only():
     dropout = keras.layers.Dropout(0.5, seed=1)
     ones = keras.ops.ones((4, 100))
-    assert invoke(dropout, ones) is ones
-    dropped = to_numpy(invoke(dropout, ones, training=True))
+    assert call_leaf(dropout, ones) is ones
+    dropped = to_numpy(call_leaf(dropout, ones, training=True))
     assert 0.3 < np.mean(dropped == 0) < 0.7
 
 
 def test_unbuilt_and_mixed_precision_layers_use_call():
     dense = keras.layers.Dense(3)
-    out = invoke(dense, np.ones((2, 4), "float32"))  # builds it
+    out = call_leaf(dense, np.ones((2, 4), "float32"))  # builds it
     assert dense.built and tuple(out.shape) == (2, 3)
     mixed = keras.layers.Dense(3, dtype="mixed_float16")
     mixed.build((None, 4))
-    out = invoke(mixed, np.ones((2, 4), "float32"))
+    out = call_leaf(mixed, np.ones((2, 4), "float32"))
     # Only `__call__` autocasts the inputs and kernel to float16.
     assert keras.backend.standardize_dtype(out.dtype) == "float16"
 

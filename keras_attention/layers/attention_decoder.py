@@ -13,8 +13,8 @@ from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.luong_attention import LuongAttention
 from keras_attention.layers.sublayers import LoraMixin
+from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import dtype_config
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 _FLOWS = ("bahdanau", "luong")
@@ -451,13 +451,13 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             if len(parts) > 1
             else ops.copy(inputs_t)
         )
-        output, new_cell = invoke(
-            self.cell, cell_input, state["cell"], training=training
+        output, new_cell = self.cell(
+            cell_input, state["cell"], training=training
         )
         new_state = {"cell": _as_list(new_cell), "keys": state["keys"]}
         if self.flow == "luong":
             context, alignment = attend(output)  # with s_t
-            output = invoke(
+            output = call_leaf(
                 self.attention_projection,
                 ops.concatenate(
                     [ops.cast(context, output.dtype), output], axis=-1

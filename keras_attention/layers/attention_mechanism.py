@@ -11,8 +11,8 @@ from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.sublayers import LoraMixin
+from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import dtype_config
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
@@ -294,7 +294,7 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         weights = self._normalize(scores, mask, attention_state, training)
         weights = ops.cast(weights, value.dtype)  # (B, T, S)
         if dropout_mask is None:
-            dropped = invoke(self._dropout_layer, weights, training=training)
+            dropped = call_leaf(self._dropout_layer, weights, training=training)
         else:
             dropped = weights * ops.cast(dropout_mask, weights.dtype)
         context = functional.attend(dropped, value)  # (B, T, Dv)

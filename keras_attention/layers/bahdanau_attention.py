@@ -11,8 +11,8 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
@@ -108,7 +108,7 @@ class BahdanauAttention(AttentionMechanism):
         return config
 
     def project_keys(self, key):
-        return invoke(self.key_dense, key)  # (B, S, U)
+        return call_leaf(self.key_dense, key)  # (B, S, U)
 
     def _build_score(self, query_dim, key_dim):
         self.query_dense = self._dense("query_dense", query_dim)
@@ -140,7 +140,7 @@ class BahdanauAttention(AttentionMechanism):
             )
             bias = ops.cast(self.score_bias, self.compute_dtype)
         return functional.additive_score(
-            invoke(self.query_dense, query), projected_keys, kernel, bias
+            call_leaf(self.query_dense, query), projected_keys, kernel, bias
         )  # (B, T, S)
 
     def _dense(self, name, input_dim):

@@ -11,8 +11,8 @@ from keras import ops
 from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
@@ -137,7 +137,7 @@ class LocationSensitiveAttention(AttentionMechanism):
         return config
 
     def project_keys(self, key):
-        return invoke(self.key_dense, key)  # (B, S, U)
+        return call_leaf(self.key_dense, key)  # (B, S, U)
 
     def get_initial_attention_state(self, value, value_mask=None):
         zeros = ops.zeros(ops.shape(value)[:2], dtype=self._state_dtype())
@@ -184,9 +184,9 @@ class LocationSensitiveAttention(AttentionMechanism):
             ops.cast(self.location_kernel, self.compute_dtype),
             padding="same",
         )  # (B, S, F)
-        keys = projected_keys + invoke(self.location_dense, features)
+        keys = projected_keys + call_leaf(self.location_dense, features)
         return functional.additive_score(
-            invoke(self.query_dense, query),
+            call_leaf(self.query_dense, query),
             keys,  # (B, S, U)
             ops.cast(self.score_kernel, self.compute_dtype),
             ops.cast(self.score_bias, self.compute_dtype),

@@ -9,8 +9,8 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 _SCORES = ("dot", "general", "concat")
@@ -139,7 +139,7 @@ class LuongAttention(AttentionMechanism):
     def project_keys(self, key):
         if self.score == "dot":
             return key  # (B, S, Dq)
-        return invoke(
+        return call_leaf(
             self.key_dense, key
         )  # (B, S, Dq) general, (B, S, U) concat
 
@@ -169,7 +169,7 @@ class LuongAttention(AttentionMechanism):
     def _score(self, query, projected_keys):
         if self.score == "concat":
             scores = functional.additive_score(
-                invoke(self.query_dense, query),
+                call_leaf(self.query_dense, query),
                 projected_keys,
                 ops.cast(self.score_kernel, self.compute_dtype),
             )  # (B, T, S)

@@ -13,8 +13,8 @@ from keras_attention._core import Structure
 from keras_attention.layers import checks
 from keras_attention.layers import sublayers
 from keras_attention.layers.sublayers import LoraMixin
+from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
@@ -269,16 +269,16 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         return layer
 
     def _project_query(self, query):
-        heads = invoke(self.query_dense, query)  # (B, T, N, H)
+        heads = call_leaf(self.query_dense, query)  # (B, T, N, H)
         if self.use_qk_norm:
-            heads = invoke(self.query_norm, heads)
+            heads = call_leaf(self.query_norm, heads)
         return heads
 
     def _project_key_value(self, key, value):
-        key_heads = invoke(self.key_dense, key)  # (B, S, K, H)
+        key_heads = call_leaf(self.key_dense, key)  # (B, S, K, H)
         if self.use_qk_norm:
-            key_heads = invoke(self.key_norm, key_heads)
-        return key_heads, invoke(self.value_dense, value)  # (B, S, K, V)
+            key_heads = call_leaf(self.key_norm, key_heads)
+        return key_heads, call_leaf(self.value_dense, value)  # (B, S, K, V)
 
     def _attend(
         self,
@@ -328,7 +328,7 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             )  # (B, T, N, V)
             if return_attention_scores:
                 heads, scores = heads
-        return invoke(self.output_dense, heads), scores  # (B, T, D)
+        return call_leaf(self.output_dense, heads), scores  # (B, T, D)
 
     def _check_segments(self, segment_ids, batch, length, key_length):
         Structure.from_args(

@@ -12,7 +12,6 @@ from keras_attention.layers import checks
 from keras_attention.layers import kv_cache
 from keras_attention.layers.multi_head_core import MultiHeadCore
 from keras_attention.layers.rotary_embedding import RotaryEmbedding
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
@@ -346,8 +345,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
     def _rotate(self, heads, start_index, segment_ids):
         """Rotary positions; packed sequences restart at position 0."""
         if segment_ids is None:
-            return invoke(self.rotary_embedding, heads, start_index=start_index)
-        return invoke(self.rotary_embedding, heads, segment_ids=segment_ids)
+            return self.rotary_embedding(heads, start_index=start_index)
+        return self.rotary_embedding(heads, segment_ids=segment_ids)
 
     def _call_cached(
         self,

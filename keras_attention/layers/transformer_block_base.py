@@ -13,8 +13,8 @@ from keras_attention.layers.multi_head_self_attention import (
     MultiHeadSelfAttention,
 )
 from keras_attention.layers.sublayers import LoraMixin
+from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 
 
@@ -221,14 +221,16 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
 
         `sublayer` returns `(y, extra)`; returns `(x', extra)`.
         """
-        y, extra = sublayer(invoke(norm, x) if self.normalize_first else x)
-        x = x + invoke(dropout, y, training=training)
-        return (x if self.normalize_first else invoke(norm, x)), extra
+        y, extra = sublayer(call_leaf(norm, x) if self.normalize_first else x)
+        x = x + call_leaf(dropout, y, training=training)
+        return (x if self.normalize_first else call_leaf(norm, x)), extra
 
     def _feedforward(self, x, training):
         def feedforward(y):
-            hidden = invoke(self.feedforward_intermediate_dense, y)  # (B,T,F)
-            return invoke(self.feedforward_output_dense, hidden), None
+            hidden = call_leaf(
+                self.feedforward_intermediate_dense, y
+            )  # (B,T,F)
+            return call_leaf(self.feedforward_output_dense, hidden), None
 
         return self._residual(
             self.feedforward_norm,

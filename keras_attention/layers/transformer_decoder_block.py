@@ -10,7 +10,6 @@ from keras_attention._core import Structure
 from keras_attention.layers import checks
 from keras_attention.layers import kv_cache
 from keras_attention.layers.cross_attention import CrossAttention
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.sublayers import policy_for
 from keras_attention.layers.transformer_block_base import TransformerBlockBase
 
@@ -194,8 +193,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         scores = {}
 
         def self_attention(x):
-            result = invoke(
-                self.self_attention,
+            result = self.self_attention(
                 x,
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
@@ -398,8 +396,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         """The cross-attention sublayer: `(x', scores or None)`."""
 
         def cross_attention(y):
-            result = invoke(
-                self.cross_attention,
+            result = self.cross_attention(
                 y,
                 encoder_outputs,
                 value_mask=encoder_padding_mask,

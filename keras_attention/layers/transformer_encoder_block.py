@@ -5,7 +5,6 @@ Shape legend: B batch, T sequence length, D model dim, N heads.
 
 import keras
 
-from keras_attention.layers.sublayers import invoke
 from keras_attention.layers.transformer_block_base import TransformerBlockBase
 
 
@@ -112,8 +111,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
         )
 
         def self_attention(x):
-            result = invoke(
-                self.self_attention,
+            result = self.self_attention(
                 x,
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
