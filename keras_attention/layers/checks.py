@@ -237,3 +237,76 @@ def explicit_positions(where, inputs, positions, segment_ids, start_index=0):
             f"Received: max(positions)={highest}"
         )
     return ops.cast(given, "int32")
+
+
+def check_encoder_outputs_shape(where, inputs_shape, encoder_outputs_shape):
+    """A decoder's `encoder_outputs` are `(B, S, De)` with the batch of
+    its `inputs`."""
+    batch, source_batch = inputs_shape[0], encoder_outputs_shape[0]
+    if len(encoder_outputs_shape) != 3 or (
+        None not in (batch, source_batch) and batch != source_batch
+    ):
+        raise ValueError(
+            f"{where}: `encoder_outputs` must be (B, S, De) with the batch "
+            f"of `inputs`. Received: inputs.shape={tuple(inputs_shape)}, "
+            f"encoder_outputs.shape={tuple(encoder_outputs_shape)}"
+        )
+
+
+def check_source(where, has_cross, encoder_outputs, cross_cache, padding_mask):
+    """A decoder block's source (`encoder_outputs` or its projected
+    `cross_cache`) is given exactly when the block has cross-attention,
+    and `padding_mask` (its `encoder_padding_mask`) fits it."""
+    has_source = encoder_outputs is not None or cross_cache is not None
+    if padding_mask is not None and not has_source:
+        raise ValueError(
+            f"{where}: `encoder_padding_mask` needs `encoder_outputs` (or a "
+            "cache with 'cross'). Received: encoder_outputs=None, "
+            f"encoder_padding_mask.shape={tuple(padding_mask.shape)}"
+        )
+    if encoder_outputs is not None:
+        source = tuple(encoder_outputs.shape)
+        check_mask(
+            where, "encoder_padding_mask", padding_mask, (source[0], source[1])
+        )
+    if has_source != has_cross:
+        built, must = ("with", "") if has_cross else ("without", "not ")
+        given = "None" if encoder_outputs is None else "a tensor"
+        raise ValueError(
+            f"{where}: the block was built {built} cross-attention (by its "
+            "first call), so `encoder_outputs` (or a cache with 'cross') "
+            f"must {must}be given. Received: encoder_outputs={given}"
+        )
+
+
+def cross_segment_ids(
+    where, inputs, segment_ids, encoder_segment_ids, source, cross_cache
+):
+    """`(segment_ids, encoder_segment_ids)` for a decoder block's
+    cross-attention over `source` (or its `cross_cache`), checked, or
+    `None` without `encoder_segment_ids`."""
+    if encoder_segment_ids is None:
+        return None
+    if segment_ids is None:
+        raise ValueError(
+            f"{where}: `encoder_segment_ids` needs the target's "
+            "`segment_ids` (which source sequence each target token belongs "
+            "to). Received: segment_ids=None"
+        )
+    if source is None and cross_cache is None:
+        raise ValueError(
+            f"{where}: `encoder_segment_ids` needs `encoder_outputs` (or a "
+            "cache with 'cross'). Received: encoder_outputs=None"
+        )
+    source_length = (
+        source.shape[1] if source is not None else cross_cache.shape[2]
+    )
+    segments = (segment_ids, encoder_segment_ids)
+    _core.Structure.from_args(
+        where=where,
+        batch=inputs.shape[0],
+        query_length=inputs.shape[1],
+        key_length=source_length,
+        segment_ids=segments,
+    )  # checks both
+    return segments

@@ -79,6 +79,33 @@ def rolling_length(where: str, sliding_window) -> int | None:
     return None if window is None else window[0] + 1
 
 
+def empty(sizes, max_length: int, sliding_window, dtype, where: str):
+    """A cache of zeros for `max_length` positions of `sizes` `(B, K, H)`:
+    a `RollingCache` of the window's reach when that is shorter, else a
+    plain `(B, 2, S_max, K, H)` tensor."""
+    batch, heads, head_dim = sizes
+    needed = rolling_length(where, sliding_window)
+    rolls = needed is not None and needed < max_length
+    length = needed if rolls else max_length
+    zeros = ops.zeros((batch, 2, length, heads, head_dim), dtype=dtype)
+    return RollingCache(zeros) if rolls else zeros
+
+
+def split_block_cache(cache, where: str):
+    """`(self_cache, cross_cache)` of a decoder block's cache: the dict
+    of `init_cache`, or a decoder-only block's self-attention cache."""
+    if cache is None or not isinstance(cache, dict):
+        return cache, None
+    unknown = set(cache) - {"self", "cross"}
+    if "self" not in cache or unknown:
+        raise ValueError(
+            f"{where}: `cache` must be the dict of `init_cache`, with keys "
+            "'self' and, for cross-attention, 'cross'. Received: keys "
+            f"{sorted(cache)}"
+        )
+    return cache["self"], cache.get("cross")
+
+
 def kind_of(cache, where: str, sliding_window):
     """The kind of `cache`: `Rolling` for a `RollingCache`, else `Plain`."""
     if isinstance(cache, RollingCache):

@@ -6,7 +6,6 @@ D model dim, N heads, K key/value heads, H head dim.
 
 import keras
 
-from keras_attention._core import Structure
 from keras_attention.layers import checks
 from keras_attention.layers import kv_cache
 from keras_attention.layers.cross_attention import CrossAttention
@@ -134,7 +133,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
         self._build_self_attention(inputs_shape)
         self.cross_attention = None
         if encoder_outputs_shape is not None:
-            self._check_encoder_shape(inputs_shape, encoder_outputs_shape)
+            checks.check_encoder_outputs_shape(
+                self._where(), inputs_shape, encoder_outputs_shape
+            )
             self.cross_attention = CrossAttention(
                 self.num_heads,
                 key_dim=self.key_dim,
@@ -191,26 +192,17 @@ class TransformerDecoderBlock(TransformerBlockBase):
             encoder_segment_ids,
         )
         scores = {}
-
-        def self_attention(x):
-            result = self.self_attention(
-                x,
+        x, (scores["self"], self_cache) = self._self_residual(
+            inputs,
+            dict(
                 padding_mask=padding_mask,
                 attention_mask=attention_mask,
                 use_causal_mask=use_causal_mask,
-                return_attention_scores=return_attention_scores,
                 cache=self_cache,
                 cache_index=cache_index,
                 segment_ids=segment_ids,
-                training=training,
-            )
-            return _split_result(result, return_attention_scores, self_cache)
-
-        x, (scores["self"], self_cache) = self._residual(
-            self.self_attention_norm,
-            self.self_attention_dropout,
-            inputs,
-            self_attention,
+            ),
+            return_attention_scores,
             training,
         )
         if self.cross_attention is not None:
@@ -234,7 +226,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         self._check_inputs_shape(inputs_shape)
         if encoder_outputs_shape is not None:
-            self._check_encoder_shape(inputs_shape, encoder_outputs_shape)
+            checks.check_encoder_outputs_shape(
+                self._where(), inputs_shape, encoder_outputs_shape
+            )
         return tuple(inputs_shape)
 
     def compute_output_spec(
@@ -255,32 +249,25 @@ class TransformerDecoderBlock(TransformerBlockBase):
         inputs_mask=None,
         encoder_outputs_mask=None,
     ):
-        batch, length = inputs.shape[0], inputs.shape[1]
         outputs = [keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)]
-        self_cache, _ = self._split_cache(cache)
+        self_cache, cross_cache = self._split_cache(cache)
         if return_attention_scores:
-            key_length = length
-            if self_cache is not None:
-                key_length = self.self_attention.compute_output_spec(
+            scores = {
+                "self": self.self_attention.compute_output_spec(
                     inputs,
                     cache=self_cache,
                     cache_index=0,
                     return_attention_scores=True,
-                )[1].shape[-1]
-            scores = {"self": (batch, self.num_heads, length, key_length)}
+                )[1]
+            }
             if self.cross_attention is not None:
-                source = encoder_outputs
-                if source is None:
-                    source_length = cache["cross"].shape[2]
-                else:
-                    source_length = source.shape[1]
-                scores["cross"] = (batch, self.num_heads, length, source_length)
-            outputs.append(
-                {
-                    k: keras.KerasTensor(v, dtype=self.compute_dtype)
-                    for k, v in scores.items()
-                }
-            )
+                scores["cross"] = self.cross_attention.compute_output_spec(
+                    inputs,
+                    encoder_outputs,
+                    cache=cross_cache,
+                    return_attention_scores=True,
+                )[1]
+            outputs.append(scores)
         if cache is not None:
             outputs.append(
                 keras.tree.map_structure(
@@ -329,19 +316,19 @@ class TransformerDecoderBlock(TransformerBlockBase):
             max_length,
         )
         attention = self.self_attention
-        rolling = kv_cache.rolling_length(self._where(), self.sliding_window)
-        rolls = rolling is not None and rolling < max_length
-        shape = (
-            batch_size,
-            2,
-            rolling if rolls else max_length,
-            attention.kv_heads,
-            attention._head_dim,
-        )
-        zeros = keras.ops.zeros(shape, dtype=dtype or self.compute_dtype)
-        cache = {"self": kv_cache.RollingCache(zeros) if rolls else zeros}
+        cache = {
+            "self": kv_cache.empty(
+                (batch_size, attention.kv_heads, attention._head_dim),
+                max_length,
+                self.sliding_window,
+                dtype or self.compute_dtype,
+                self._where(),
+            )
+        }
         if self.cross_attention is not None:
-            self._check_encoder(encoder_outputs, None)
+            checks.check_source(
+                self._where(), True, encoder_outputs, None, None
+            )
             cache["cross"] = self.cross_attention.compute_cache(encoder_outputs)
         return cache
 
@@ -360,15 +347,22 @@ class TransformerDecoderBlock(TransformerBlockBase):
         """Checks a call under the block's name (not a sublayer's);
         returns the cross-attention's `segment_ids`, or `None`."""
         _, cross_cache = self._split_cache(cache)
-        self._check_encoder(encoder_outputs, cross_cache, encoder_padding_mask)
-        checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
-        source_length = False  # no source
-        if encoder_outputs is not None:
-            source_length = encoder_outputs.shape[1]
-        elif cross_cache is not None:
-            source_length = cross_cache.shape[2]
-        cross_segments = self._cross_segments(
-            inputs, segment_ids, encoder_segment_ids, source_length
+        where = self._where()
+        checks.check_source(
+            where,
+            getattr(self, "cross_attention", None) is not None,
+            encoder_outputs,
+            cross_cache,
+            encoder_padding_mask,
+        )
+        checks.check_flag(where, "use_causal_mask", use_causal_mask)
+        cross_segments = checks.cross_segment_ids(
+            where,
+            inputs,
+            segment_ids,
+            encoder_segment_ids,
+            encoder_outputs,
+            cross_cache,
         )
         if cache is None:  # with a cache, masks cover the cache's positions
             self._check_self_masks(
@@ -382,6 +376,29 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 f"{tuple(keras.ops.shape(segment_ids))}"
             )
         return cross_segments
+
+    def _self_residual(self, x, arguments, return_attention_scores, training):
+        """The self-attention sublayer, called with `arguments`:
+        `(x', (scores or None, new cache or None))`."""
+
+        def self_attention(y):
+            result = self.self_attention(
+                y,
+                return_attention_scores=return_attention_scores,
+                training=training,
+                **arguments,
+            )
+            return _split_result(
+                result, return_attention_scores, arguments["cache"]
+            )
+
+        return self._residual(
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            x,
+            self_attention,
+            training,
+        )
 
     def _cross_residual(
         self,
@@ -416,95 +433,11 @@ class TransformerDecoderBlock(TransformerBlockBase):
         )
 
     def _split_cache(self, cache):
-        if cache is None or not isinstance(cache, dict):
-            return cache, None
-        unknown = set(cache) - {"self", "cross"}
-        if "self" not in cache or unknown:
-            raise ValueError(
-                f"{type(self).__name__} (layer '{self.name}'): `cache` must "
-                "be the dict of `init_cache`, with keys 'self' and, for "
-                f"cross-attention, 'cross'. Received: keys {sorted(cache)}"
-            )
-        return cache["self"], cache.get("cross")
-
-    def _cross_segments(
-        self, inputs, segment_ids, encoder_segment_ids, source_length
-    ):
-        """`(segment_ids, encoder_segment_ids)` for the cross-attention,
-        checked under the block's name, or `None`."""
-        if encoder_segment_ids is None:
-            return None
-        if segment_ids is None:
-            raise ValueError(
-                f"{self._where()}: `encoder_segment_ids` needs the target's "
-                "`segment_ids` (which source sequence each target token "
-                "belongs to). Received: segment_ids=None"
-            )
-        if source_length is False:
-            raise ValueError(
-                f"{self._where()}: `encoder_segment_ids` needs "
-                "`encoder_outputs` (or a cache with 'cross'). Received: "
-                "encoder_outputs=None"
-            )
-        segments = (segment_ids, encoder_segment_ids)
-        Structure.from_args(
-            where=self._where(),
-            batch=inputs.shape[0],
-            query_length=inputs.shape[1],
-            key_length=source_length,
-            segment_ids=segments,
-        )  # checks both
-        return segments
-
-    def _check_encoder_shape(self, inputs_shape, encoder_outputs_shape):
-        batch, source_batch = inputs_shape[0], encoder_outputs_shape[0]
-        if len(encoder_outputs_shape) != 3 or (
-            None not in (batch, source_batch) and batch != source_batch
-        ):
-            raise ValueError(
-                f"{self._where()}: `encoder_outputs` must be (B, S, De) with "
-                "the batch of `inputs`. Received: "
-                f"inputs.shape={tuple(inputs_shape)}, "
-                f"encoder_outputs.shape={tuple(encoder_outputs_shape)}"
-            )
-
-    def _check_encoder(self, encoder_outputs, cross_cache, padding_mask=None):
-        has_source = encoder_outputs is not None or cross_cache is not None
-        has_cross = getattr(self, "cross_attention", None) is not None
-        if padding_mask is not None and not has_source:
-            raise ValueError(
-                f"{self._where()}: `encoder_padding_mask` needs "
-                "`encoder_outputs` (or a cache with 'cross'). Received: "
-                "encoder_outputs=None, encoder_padding_mask.shape="
-                f"{tuple(padding_mask.shape)}"
-            )
-        if encoder_outputs is not None:
-            source = tuple(encoder_outputs.shape)
-            checks.check_mask(
-                self._where(),
-                "encoder_padding_mask",
-                padding_mask,
-                (source[0], source[1]),
-            )
-        if has_source != has_cross:
-            raise ValueError(
-                f"{type(self).__name__} (layer '{self.name}'): the block was "
-                "built "
-                + ("with" if has_cross else "without")
-                + " cross-attention (by its first call), so `encoder_outputs` "
-                "(or a cache with 'cross') must "
-                + ("" if has_cross else "not ")
-                + "be given. Received: encoder_outputs="
-                + ("None" if encoder_outputs is None else "a tensor")
-            )
+        return kv_cache.split_block_cache(cache, self._where())
 
 
 def _split_result(result, with_scores, cache):
     """`(outputs, (scores, new_cache))` from a self-attention call."""
-    if cache is None and not with_scores:
-        return result, (None, None)
-    if cache is None:
-        return result[0], (result[1], None)
-    if not with_scores:
-        return result[0], (None, result[1])
-    return result[0], (result[1], result[2])
+    result = result if cache is not None or with_scores else (result,)
+    scores = result[1] if with_scores else None
+    return result[0], (scores, result[-1] if cache is not None else None)
