@@ -1,14 +1,15 @@
 """Saves or loads the every-layer checkpoint model in a fresh process.
 
-    KERAS_BACKEND=jax python tests/integration/checkpoint_worker.py save DIR
-    KERAS_BACKEND=torch python tests/integration/checkpoint_worker.py load DIR
+    KERAS_BACKEND=jax python tests/integration/checkpoint_worker.py save D
+    KERAS_BACKEND=torch python tests/integration/checkpoint_worker.py load D
 
-`save` builds `build_model()`, writes `model.keras`, `model.weights.h5`,
-the inputs and the model's outputs on them. `load` restores both files
-on its own backend (`.keras` with the default `safe_mode=True` and no
-`custom_objects`; `.weights.h5` into a freshly built model) and prints a
-JSON line with the largest difference from the saved outputs. Used by
-tests/integration/test_checkpoints.py.
+`save` builds `build_model()` and writes `model.keras`,
+`model.weights.h5`, the inputs and the model's outputs on them into the
+folder D. `load` takes one or more folders and restores both files of
+each on its own backend (`.keras` with the default `safe_mode=True` and
+no `custom_objects`; `.weights.h5` into a freshly built model), printing
+a JSON line per folder with the largest difference from the saved
+outputs. Used by tests/integration/test_checkpoints.py.
 """
 
 import json
@@ -107,5 +108,6 @@ def load(folder):
 
 
 if __name__ == "__main__":
-    command, folder = sys.argv[1], Path(sys.argv[2])
-    {"save": save, "load": load}[command](folder)
+    command, *folders = sys.argv[1:]
+    for folder in folders:
+        {"save": save, "load": load}[command](Path(folder))

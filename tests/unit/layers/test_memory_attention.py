@@ -692,7 +692,7 @@ MIXED_CASES = [
 @pytest.mark.parametrize(
     "kind,kwargs", MIXED_CASES, ids=[case_id(*case) for case in MIXED_CASES]
 )
-def test_mixed_precision(kind, kwargs, policy):
+def test_half_precision_keeps_padding_at_zero(kind, kwargs, policy):
     """float32 weights, half compute: near the reference, padding exactly
     0, the fully masked source all zeros, nothing NaN."""
     query, value, mask = inputs()

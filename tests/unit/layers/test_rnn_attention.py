@@ -335,22 +335,6 @@ def test_attend_applies_a_given_dropout_mask(query_rank, training):
 # --- the layer contract ----------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", LAYERS)
-def test_config_round_trip(kind):
-    query, value, mask = inputs(kind)
-    layer = built_layer(kind, query, value)
-    config = layer.get_config()
-    clone = layer.__class__.from_config(config)
-    assert clone.get_config() == config
-    clone(query, value)
-    clone.set_weights(layer.get_weights())
-    np.testing.assert_allclose(
-        to_numpy(clone(query, value, value_mask=mask)),
-        to_numpy(layer(query, value, value_mask=mask)),
-        atol=1e-6,
-    )
-
-
 def functional_model(kind, query_rank=3):
     dq = DV if kind == "luong_dot" else DQ
     query_input = keras.Input((T, dq) if query_rank == 3 else (dq,))
@@ -384,19 +368,6 @@ def test_symbolic_call_and_output_shape(kind, query_rank):
 
 
 @pytest.mark.parametrize("kind", LAYERS)
-def test_keras_save_and_load(kind, tmp_path):
-    model = functional_model(kind)
-    query, value, mask = inputs(kind)
-    before = model([query, value, mask])
-    path = tmp_path / f"{kind}.keras"
-    model.save(path)
-    loaded = keras.saving.load_model(path)
-    after = loaded([query, value, mask])
-    for a, b in zip(before, after, strict=True):
-        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
-
-
-@pytest.mark.parametrize("kind", LAYERS)
 def test_training_reduces_loss(kind):
     """A small model learns to point at the source position whose value
     matches the query; every weight of the layer receives a gradient."""
@@ -425,31 +396,6 @@ def test_training_reduces_loss(kind):
     assert len(initial) == len(layer.trainable_weights)
     for before, weight in zip(initial, layer.trainable_weights, strict=True):
         assert not np.allclose(before, to_numpy(weight)), weight.path
-
-
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-@pytest.mark.parametrize("kind", LAYERS)
-def test_mixed_precision(kind, policy):
-    query, value, mask = inputs(kind)
-    reference = built_layer(kind, query, value)
-    want = to_numpy(reference(query, value, value_mask=mask))
-    layer = LAYERS[kind]()
-    layer = layer.__class__.from_config({**layer.get_config(), "dtype": policy})
-    layer(query, value)
-    layer.set_weights(reference.get_weights())
-    assert all(
-        keras.backend.standardize_dtype(w.dtype) == "float32"
-        for w in layer.weights
-    )
-    context, weights = layer(
-        query, value, value_mask=mask, return_attention_scores=True
-    )
-    compute = policy.split("_")[1]
-    assert keras.backend.standardize_dtype(context.dtype) == compute
-    assert keras.backend.standardize_dtype(weights.dtype) == compute
-    tolerance = 0.05 if compute == "float16" else 0.25
-    np.testing.assert_allclose(to_numpy(context), want, atol=tolerance)
-    assert np.all(np.isfinite(to_numpy(context)))
 
 
 def test_global_mixed_precision_policy_training_step():

@@ -281,20 +281,6 @@ def test_seq2seq_trains_saves_and_loads(normalize_first, tmp_path):
     )
 
 
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_mixed_precision_blocks(policy):
-    x = data()
-    reference = TransformerDecoderBlock(4, F)
-    want = to_numpy(reference(x, data(1, S)))
-    block = TransformerDecoderBlock(4, F, dtype=policy)
-    block(x, data(1, S))
-    block.set_weights(reference.get_weights())
-    out = block(x, data(1, S))
-    assert keras.backend.standardize_dtype(out.dtype) == policy.split("_")[1]
-    tolerance = 0.05 if policy == "mixed_float16" else 0.3
-    np.testing.assert_allclose(to_numpy(out), want, atol=tolerance)
-
-
 BLOCK_ERRORS = [
     (lambda: TransformerEncoderBlock(3, F)(data()), "num_heads=3"),
     (
