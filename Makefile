@@ -22,11 +22,14 @@ KATEX := docs/assets/katex
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt \
+	# --no-compile: byte-compiling every installed module (TensorFlow, JAX,
+	# PyTorch) takes minutes; Python compiles what it imports, when it does.
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt \
 		-e ".[dev,jax,torch]" tensorflow-cpu
 	# keras-hub without tensorflow-text, which would replace tensorflow-cpu
 	# with full tensorflow; its other imports come with the [dev] extra.
-	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps keras-hub
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt \
+		--no-deps keras-hub
 	touch $(STAMP)
 
 install: $(STAMP)
