@@ -45,10 +45,15 @@ def value_and_grads(fn, inputs, variables=(), seed=0, copies=1):
     (several paths in one program), and each copy gets the cotangents a
     single computation would get.
     """
-    shapes = [tuple(o.shape) for o in keras.tree.flatten(_shapes(fn, inputs))]
-    single = cotangents(shapes[: len(shapes) // copies], seed)
+
+    def cotangents_of(outputs):
+        """The cotangents for these outputs (their shapes are static, also
+        while JAX traces)."""
+        shapes = [tuple(o.shape) for o in outputs]
+        return cotangents(shapes[: len(shapes) // copies], seed) * copies
+
     outputs, grads = _BACKENDS[BACKEND](
-        fn, inputs, list(variables), single * copies
+        fn, inputs, list(variables), cotangents_of
     )
     as_numpy = [None if g is None else _numpy(g) for g in grads]
     return (
@@ -65,16 +70,6 @@ def cotangents(shapes, seed=0):
     return [generator.standard_normal(shape) for shape in shapes]
 
 
-def _shapes(fn, inputs):
-    """The outputs of `fn`, or on JAX their shapes (tracing, not running
-    every op)."""
-    if BACKEND == "jax":
-        import jax
-
-        return jax.eval_shape(fn, *inputs)
-    return fn(*inputs)
-
-
 def _loss(outputs, cotangents):
     total = 0.0
     for output, cotangent in zip(outputs, cotangents, strict=True):
@@ -84,14 +79,14 @@ def _loss(outputs, cotangents):
     return total
 
 
-def _jax(fn, inputs, variables, cotangents):
+def _jax(fn, inputs, variables, cotangents_of):
     import jax
 
     def loss(xs, values):
         mapping = list(zip(variables, values, strict=True))
         with keras.StatelessScope(state_mapping=mapping):
             outputs = keras.tree.flatten(fn(*xs))
-        return _loss(outputs, cotangents), outputs
+        return _loss(outputs, cotangents_of(outputs)), outputs
 
     values = [v.value for v in variables]
     xs = [ops.convert_to_tensor(x) for x in inputs]
@@ -101,26 +96,26 @@ def _jax(fn, inputs, variables, cotangents):
     return outputs, [*input_grads, *variable_grads]
 
 
-def _tensorflow(fn, inputs, variables, cotangents):
+def _tensorflow(fn, inputs, variables, cotangents_of):
     import tensorflow as tf
 
     xs = [tf.convert_to_tensor(x) for x in inputs]
     with tf.GradientTape() as tape:
         tape.watch(xs)
         outputs = keras.tree.flatten(fn(*xs))
-        loss = _loss(outputs, cotangents)
+        loss = _loss(outputs, cotangents_of(outputs))
     grads = tape.gradient(loss, [*xs, *(v.value for v in variables)])
     return outputs, grads
 
 
-def _torch(fn, inputs, variables, cotangents):
+def _torch(fn, inputs, variables, cotangents_of):
     xs = [
         ops.convert_to_tensor(x).detach().requires_grad_(True) for x in inputs
     ]
     for variable in variables:
         variable.value.grad = None
     outputs = keras.tree.flatten(fn(*xs))
-    _loss(outputs, cotangents).backward()
+    _loss(outputs, cotangents_of(outputs)).backward()
     return outputs, [*(x.grad for x in xs), *(v.value.grad for v in variables)]
 
 
