@@ -11,9 +11,9 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import built_projection
 from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
-from keras_attention.layers.sublayers import policy_for
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -111,8 +111,12 @@ class BahdanauAttention(AttentionMechanism):
         return call_leaf(self.key_dense, key)  # (B, S, U)
 
     def _build_score(self, query_dim, key_dim):
-        self.query_dense = self._dense("query_dense", query_dim)
-        self.key_dense = self._dense("key_dense", key_dim)
+        self.query_dense = built_projection(
+            self, "query_dense", self.units, query_dim
+        )
+        self.key_dense = built_projection(
+            self, "key_dense", self.units, key_dim
+        )
         self.score_kernel = self.add_weight(
             name="score_kernel",
             shape=(self.units,),
@@ -142,14 +146,3 @@ class BahdanauAttention(AttentionMechanism):
         return functional.additive_score(
             call_leaf(self.query_dense, query), projected_keys, kernel, bias
         )  # (B, T, S)
-
-    def _dense(self, name, input_dim):
-        layer = keras.layers.Dense(
-            self.units,
-            use_bias=False,
-            kernel_initializer=fresh(self.kernel_initializer),
-            dtype=policy_for(self, name),
-            name=name,
-        )
-        layer.build((None, None, input_dim))
-        return layer

@@ -11,9 +11,9 @@ from keras import ops
 from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import built_projection
 from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
-from keras_attention.layers.sublayers import policy_for
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -154,8 +154,12 @@ class LocationSensitiveAttention(AttentionMechanism):
 
     def _build_score(self, query_dim, key_dim):
         channels = len(self.attention_state_names)
-        self.query_dense = self._dense("query_dense", query_dim)
-        self.key_dense = self._dense("key_dense", key_dim)
+        self.query_dense = built_projection(
+            self, "query_dense", self.units, query_dim
+        )
+        self.key_dense = built_projection(
+            self, "key_dense", self.units, key_dim
+        )
         # A weight, not a Conv1D: the convolution casts it to the compute
         # dtype itself, whatever autocast scope the layer is called in.
         self.location_kernel = self.add_weight(
@@ -163,7 +167,9 @@ class LocationSensitiveAttention(AttentionMechanism):
             shape=(self.kernel_size, channels, self.filters),
             initializer=fresh(self.kernel_initializer),
         )
-        self.location_dense = self._dense("location_dense", self.filters)
+        self.location_dense = built_projection(
+            self, "location_dense", self.units, self.filters
+        )
         self.score_kernel = self.add_weight(
             name="score_kernel",
             shape=(self.units,),
@@ -201,14 +207,3 @@ class LocationSensitiveAttention(AttentionMechanism):
         total = ops.sum(weights, axis=-1, keepdims=True)  # (B, T, 1)
         # A row with every position masked sums to 0: keep its zeros.
         return weights / ops.where(total > 0, total, ops.ones_like(total))
-
-    def _dense(self, name, input_dim):
-        layer = keras.layers.Dense(
-            self.units,
-            use_bias=False,
-            kernel_initializer=fresh(self.kernel_initializer),
-            dtype=policy_for(self, name),
-            name=name,
-        )
-        layer.build((None, None, input_dim))
-        return layer

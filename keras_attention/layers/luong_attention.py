@@ -9,9 +9,9 @@ from keras import ops
 
 from keras_attention import functional
 from keras_attention.layers.attention_mechanism import AttentionMechanism
+from keras_attention.layers.sublayers import built_projection
 from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
-from keras_attention.layers.sublayers import policy_for
 
 _SCORES = ("dot", "general", "concat")
 
@@ -151,11 +151,13 @@ class LuongAttention(AttentionMechanism):
                 f"query.shape[-1]={query_dim}, key.shape[-1]={key_dim}"
             )
         if self.score != "dot":
-            self.key_dense = self._dense(
-                self.units or query_dim, "key_dense", key_dim
+            self.key_dense = built_projection(
+                self, "key_dense", self.units or query_dim, key_dim
             )
         if self.score == "concat":
-            self.query_dense = self._dense(self.units, "query_dense", query_dim)
+            self.query_dense = built_projection(
+                self, "query_dense", self.units, query_dim
+            )
             self.score_kernel = self.add_weight(
                 name="score_kernel",
                 shape=(self.units,),
@@ -184,14 +186,3 @@ class LuongAttention(AttentionMechanism):
         if self.scale:
             scores = scores * ops.cast(self.score_gain, scores.dtype)
         return scores
-
-    def _dense(self, units, name, input_dim):
-        layer = keras.layers.Dense(
-            units,
-            use_bias=False,
-            kernel_initializer=fresh(self.kernel_initializer),
-            dtype=policy_for(self, name),
-            name=name,
-        )
-        layer.build((None, None, input_dim))
-        return layer

@@ -1,6 +1,7 @@
 """Creating and calling a layer's own sublayers.
 
-`fresh` gives each weight its own copy of an initializer. `call_leaf`
+`fresh` gives each weight its own copy of an initializer;
+`built_projection` makes a bias-free score projection. `call_leaf`
 calls a built leaf sublayer (a projection, a norm, a dropout) without
 Keras's per-call bookkeeping. `policy_for` and `dtype_config` carry
 per-sublayer dtype policies (quantized projections) through a layer's
@@ -34,6 +35,22 @@ def fresh(initializer):
     if not isinstance(initializer, keras.initializers.Initializer):
         return initializer
     return initializer.__class__.from_config(initializer.get_config())
+
+
+def built_projection(layer, name, units, input_dim):
+    """`layer`'s bias-free `Dense` sublayer `name`: `input_dim -> units`,
+    with a fresh copy of `layer.kernel_initializer` and the sublayer's
+    dtype policy, built for inputs `(B, T, input_dim)` (the RNN
+    mechanisms' score projections)."""
+    dense = keras.layers.Dense(
+        units,
+        use_bias=False,
+        kernel_initializer=fresh(layer.kernel_initializer),
+        dtype=policy_for(layer, name),
+        name=name,
+    )
+    dense.build((None, None, input_dim))
+    return dense
 
 
 def call_leaf(layer, inputs, training=None):
