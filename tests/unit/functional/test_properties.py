@@ -15,6 +15,8 @@ example database, so every run tries the same examples; `HYPOTHESIS_PROFILE
 =dev` tries many more.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -201,22 +203,40 @@ SOURCE_LAYERS = [
 ]
 
 
+@functools.cache
+def source_layer(kind, dtype):
+    """The layer of `kind` under the `dtype` policy that attends over a
+    padded source, made once: its weights come from the same seed every
+    time, so one layer serves every example."""
+    keras.utils.set_random_seed(7)
+    if kind.startswith("cross"):
+        kv_heads = 1 if kind == "cross-gqa" else None
+        return ka.CrossAttention(
+            2, 4, num_key_value_heads=kv_heads, dtype=dtype
+        )
+    if kind == "decoder-block":
+        return ka.TransformerDecoderBlock(2, 16, dtype=dtype)
+    if kind == "attention-decoder":
+        return ka.AttentionDecoder(
+            keras.layers.GRUCell(6, dtype=dtype),
+            ka.LuongAttention("general", dtype=dtype),
+            attention_dim=5,
+            dtype=dtype,
+        )
+    return make_mechanism(kind, dtype)
+
+
 def run_source_layer(kind, dtype, query, source, source_mask):
     """Calls a layer that attends over a padded source.
 
     Returns `(outputs, weights)` with weights `(B, [N,] T, S)`.
     """
-    keras.utils.set_random_seed(7)
+    layer = source_layer(kind, dtype)
     if kind.startswith("cross"):
-        kv_heads = 1 if kind == "cross-gqa" else None
-        layer = ka.CrossAttention(
-            2, 4, num_key_value_heads=kv_heads, dtype=dtype
-        )
         return layer(
             query, source, value_mask=source_mask, return_attention_scores=True
         )
     if kind == "decoder-block":
-        layer = ka.TransformerDecoderBlock(2, 16, dtype=dtype)
         out, scores = layer(
             query,
             source,
@@ -225,19 +245,12 @@ def run_source_layer(kind, dtype, query, source, source_mask):
         )
         return out, scores["cross"]
     if kind == "attention-decoder":
-        layer = ka.AttentionDecoder(
-            keras.layers.GRUCell(6, dtype=dtype),
-            ka.LuongAttention("general", dtype=dtype),
-            attention_dim=5,
-            dtype=dtype,
-        )
         return layer(
             query,
             source,
             encoder_padding_mask=source_mask,
             return_attention_scores=True,
         )
-    layer = make_mechanism(kind, dtype)
     return layer(
         query, source, value_mask=source_mask, return_attention_scores=True
     )
@@ -284,8 +297,10 @@ SELF_LAYERS = [
 ]
 
 
-def run_self_layer(kind, dtype, inputs, padding_mask):
-    """Calls a self-attention layer on padded inputs: `(outputs, weights)`."""
+@functools.cache
+def self_layer(kind, dtype):
+    """The self-attention layer of `kind` under the `dtype` policy, made
+    once (see `source_layer`)."""
     keras.utils.set_random_seed(7)
     if kind.startswith("self"):
         extra = (
@@ -293,22 +308,22 @@ def run_self_layer(kind, dtype, inputs, padding_mask):
             if kind == "self-rotary-gqa"
             else {}
         )
-        layer = ka.MultiHeadSelfAttention(2, 4, dtype=dtype, **extra)
-        return layer(
-            inputs, padding_mask=padding_mask, return_attention_scores=True
-        )
+        return ka.MultiHeadSelfAttention(2, 4, dtype=dtype, **extra)
     if kind.startswith("encoder-block"):
-        layer = ka.TransformerEncoderBlock(
+        return ka.TransformerEncoderBlock(
             2, 16, normalize_first=kind.endswith("pre-ln"), dtype=dtype
         )
-        return layer(
-            inputs, padding_mask=padding_mask, return_attention_scores=True
-        )
-    layer = ka.TransformerDecoderBlock(2, 16, dtype=dtype)
-    out, scores = layer(
+    return ka.TransformerDecoderBlock(2, 16, dtype=dtype)
+
+
+def run_self_layer(kind, dtype, inputs, padding_mask):
+    """Calls a self-attention layer on padded inputs: `(outputs, weights)`."""
+    out, scores = self_layer(kind, dtype)(
         inputs, padding_mask=padding_mask, return_attention_scores=True
     )
-    return out, scores["self"]
+    if kind == "decoder-only-block":
+        scores = scores["self"]  # a dict of the self and cross weights
+    return out, scores
 
 
 @st.composite
@@ -353,23 +368,31 @@ CAUSAL_LAYERS = [
 ]
 
 
-def run_causal_layer(kind, dtype, inputs, source):
+@functools.cache
+def causal_layer(kind, dtype):
+    """The causal layer of `kind` under the `dtype` policy, made once (see
+    `source_layer`)."""
     keras.utils.set_random_seed(7)
     if kind == "self-causal":
-        layer = ka.MultiHeadSelfAttention(2, 4, use_rotary=True, dtype=dtype)
-        return layer(inputs, use_causal_mask=True)
-    if kind == "decoder-only-block":
-        return ka.TransformerDecoderBlock(2, 16, dtype=dtype)(inputs)
-    if kind == "decoder-block":
-        return ka.TransformerDecoderBlock(2, 16, dtype=dtype)(inputs, source)
+        return ka.MultiHeadSelfAttention(2, 4, use_rotary=True, dtype=dtype)
+    if kind.startswith("decoder"):
+        return ka.TransformerDecoderBlock(2, 16, dtype=dtype)
     attention = (
         ka.BahdanauAttention(6, dtype=dtype)
         if kind.endswith("bahdanau")
         else ka.LuongAttention("dot", dtype=dtype)
     )
-    layer = ka.AttentionDecoder(
+    return ka.AttentionDecoder(
         keras.layers.LSTMCell(D, dtype=dtype), attention, dtype=dtype
     )
+
+
+def run_causal_layer(kind, dtype, inputs, source):
+    layer = causal_layer(kind, dtype)
+    if kind == "self-causal":
+        return layer(inputs, use_causal_mask=True)
+    if kind == "decoder-only-block":
+        return layer(inputs)
     return layer(inputs, source)
 
 
