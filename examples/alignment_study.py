@@ -60,6 +60,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.examples, args.test_examples, args.epochs = 100, 4, 1
         args.units, args.max_length = 8, 1
+        args.batch_size = 512  # one batch an epoch: one compiled step
     return args
 
 

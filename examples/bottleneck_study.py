@@ -40,6 +40,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.examples, args.epochs, args.units = 300, 1, 16
         args.max_value, args.buckets = 9999, 2
+        args.batch_size = 512  # one batch an epoch: one compiled step
     return args
 
 

@@ -22,20 +22,22 @@ if os.environ.get("KERAS_BACKEND") == "jax":
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    # Compiling, not running, is what JAX spends the suite's time on: every
-    # eager op of a new shape is a program of its own (~50 ms each on
-    # XLA:CPU), and the arrays are tiny. These flags lower only how hard
-    # the CPU backend optimises the machine code it emits (LLVM's level
-    # and XLA's newer fusion emitters); the HLO passes, and so what is
-    # computed, are unchanged. Compiling takes half as long.
-    _FAST_COMPILE = (
-        "--xla_backend_optimization_level=0",
-        "--xla_llvm_disable_expensive_passes=true",
-        "--xla_cpu_use_fusion_emitters=false",
-    )
-    os.environ["XLA_FLAGS"] = " ".join(
-        (os.environ.get("XLA_FLAGS", ""), *_FAST_COMPILE)
-    ).strip()
+
+# Compiling, not running, is what the suite spends its time on under XLA
+# (all of JAX, TensorFlow's `jit_compile=True` functions): every eager op of
+# a new shape is a program of its own (~50 ms each on XLA:CPU), and the
+# arrays are tiny. These flags lower only how hard the CPU backend
+# optimises the machine code it emits (LLVM's level and XLA's newer fusion
+# emitters); the HLO passes, and so what is computed, are unchanged.
+# Compiling takes half as long. Subprocesses inherit them.
+_FAST_COMPILE = (
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false",
+)
+os.environ["XLA_FLAGS"] = " ".join(
+    (os.environ.get("XLA_FLAGS", ""), *_FAST_COMPILE)
+).strip()
 
 if os.environ.get("KERAS_BACKEND") == "torch":
     # Importing tensorflow before torch in one process can crash torch;
@@ -48,6 +50,19 @@ from hypothesis import HealthCheck  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 BACKEND = keras.backend.backend()
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    # Each xdist worker has a core to itself, and every op of the suite is
+    # tiny: TensorFlow's thread pools only add hand-offs. Grappler rewrites
+    # every traced graph for speed before its first run (the suite runs
+    # most graphs once); what a graph computes does not depend on it.
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.optimizer.set_experimental_options(
+        {"disable_meta_optimizer": True}
+    )
 
 # Property tests: `ci` (the default) is derandomised and keeps no example
 # database, so every run tries the same examples; `HYPOTHESIS_PROFILE=dev`
