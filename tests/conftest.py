@@ -42,7 +42,11 @@ os.environ["XLA_FLAGS"] = " ".join(
 if os.environ.get("KERAS_BACKEND") == "torch":
     # Importing tensorflow before torch in one process can crash torch;
     # Keras's own test setup imports torch first for the same reason.
-    import torch  # noqa: F401
+    import torch
+
+    # One thread per xdist worker (each has its own core; the ops are tiny).
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
