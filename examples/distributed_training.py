@@ -54,6 +54,7 @@ two single-device runs that differ only in oneDNN's rounding.
 import argparse
 import datetime
 import functools
+import gc
 import json
 import operator
 import os
@@ -354,6 +355,12 @@ def ddp_worker(rank, processes, jobs, args, folder):
                     seconds=seconds,
                     **{f"w{i}": w for i, w in enumerate(model.get_weights())},
                 )
+            # DDP's reducer goes first: holding the group's last reference,
+            # it would run the gloo group's destructor with the GIL held,
+            # which waits for gloo's threads while they may wait for the
+            # GIL (pytorch/pytorch#56297): a hang at exit.
+            del parallel
+            gc.collect()
     finally:
         dist.destroy_process_group()
 
