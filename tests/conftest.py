@@ -13,9 +13,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 if os.environ.get("KERAS_BACKEND") == "jax":
     # JAX compiles every computation it has not seen in this process, and
     # the suite builds the same small layers over and over (a new layer
-    # per property-test example and per path, example scripts in their
-    # own processes): a compilation cache on disk, shared by every process
-    # of the run (environment variables reach the xdist workers and the
+    # per path case, example scripts in their own processes): a
+    # compilation cache on disk, shared by every process of the run
+    # (environment variables reach the xdist workers and the
     # subprocesses), compiles each computation once. The cache is keyed by
     # the program and the JAX version, so a stale entry is never used.
     _CACHE = Path(__file__).resolve().parents[1] / "build" / "jax-cache"
@@ -35,9 +35,10 @@ _FAST_COMPILE = (
     "--xla_llvm_disable_expensive_passes=true",
     "--xla_cpu_use_fusion_emitters=false",
 )
-os.environ["XLA_FLAGS"] = " ".join(
-    (os.environ.get("XLA_FLAGS", ""), *_FAST_COMPILE)
-).strip()
+_XLA_FLAGS = os.environ.get("XLA_FLAGS", "").split()
+os.environ["XLA_FLAGS"] = " ".join(  # xdist workers inherit them already
+    _XLA_FLAGS + [flag for flag in _FAST_COMPILE if flag not in _XLA_FLAGS]
+)
 
 if os.environ.get("KERAS_BACKEND") == "torch":
     # Importing tensorflow before torch in one process can crash torch;
