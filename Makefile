@@ -8,9 +8,10 @@ STAMP := $(VENV)/.installed
 BACKENDS := tensorflow jax torch
 PYTEST_ARGS ?=
 # Each backend's pass runs its test files on this many pytest-xdist workers
-# (a file stays on one worker, so it builds its shared models once).
+# (a file stays on one worker, so it builds its shared models once), in the
+# order tests/conftest.py gives them: the long files first.
 TEST_WORKERS ?= 2
-PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadfile
+PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 export TF_CPP_MIN_LOG_LEVEL := 3
 export NO_MKDOCS_2_WARNING := 1
 

@@ -4,6 +4,7 @@ The suite runs once per backend, each in its own process: `KERAS_BACKEND`
 is read when keras is first imported, so it is never changed here.
 """
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -84,8 +85,42 @@ settings.register_profile("dev", max_examples=250, **_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_collection_modifyitems(items):
+    """The files with slow tests run first.
+
+    A file stays on one xdist worker (`--dist loadfile`), and xdist hands
+    the files out in this order (`--no-loadscope-reorder`): a long file
+    taken last would leave the other worker idle until it ends. First the
+    long files, then the rest, the ones with most tests first."""
+    per_file = {}
+    for item in items:
+        slow, count = per_file.get(item.path, (False, 0))
+        per_file[item.path] = (
+            slow or bool(item.get_closest_marker("slow")),
+            count + 1,
+        )
+    items.sort(
+        key=lambda item: (not per_file[item.path][0], -per_file[item.path][1])
+    )
+
+
 _TESTS_PER_COLLECTION = 50
 _tests_run = 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """While a test runs (its fixtures included), the objects that were
+    alive before it are out of the garbage collector's sight.
+
+    A process of the suite holds millions of objects once JAX's caches and
+    TensorFlow's graphs have grown, and a full collection then takes
+    0.5-1.5 s. Keras runs one for every kernel `quantize` replaces (35 in
+    one of our models) and `clear_session` runs one: the JAX pass spent
+    70 s in them. Frozen, a collection inside a test examines only what
+    the test made; `_fresh_keras_state` unfreezes them when the test ends,
+    so nothing is kept from collection for longer than one test."""
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
@@ -100,6 +135,7 @@ def _fresh_keras_state():
     keras.config.set_dtype_policy("float32")
     keras.utils.set_random_seed(1234)
     yield
+    gc.unfreeze()
     keras.config.set_dtype_policy("float32")
     _tests_run += 1
     keras.backend.clear_session(

@@ -32,6 +32,8 @@ import keras_attention as ka
 from keras_attention import _kernels
 from tests.helpers import to_numpy
 
+pytestmark = pytest.mark.slow  # runs early: see tests/conftest.py
+
 MODEL_DIM = 8  # D
 NUM_HEADS = 2
 INTERMEDIATE_DIM = 16

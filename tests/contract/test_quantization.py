@@ -14,6 +14,8 @@ import pytest
 import keras_attention as ka
 from tests.helpers import to_numpy
 
+pytestmark = pytest.mark.slow  # runs early: see tests/conftest.py
+
 B, T, S, D, N = 2, 5, 4, 8, 2
 
 # Error bound: max |quantized - float32| / max |float32| over the outputs.

@@ -13,6 +13,8 @@ from tests.helpers import to_numpy
 from tests.integration.checkpoint_worker import VOCAB
 from tests.integration.checkpoint_worker import build_model
 
+pytestmark = pytest.mark.slow  # runs early: see tests/conftest.py
+
 
 def batches(seed=0, size=16):
     """Padded source/target batches and next-token labels."""

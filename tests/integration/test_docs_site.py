@@ -40,10 +40,13 @@ OFFLINE_FLAGS = [
 CHROMIUM_FLAGS = ["--headless", *OFFLINE_FLAGS]
 
 # The site does not depend on the backend: check it once, in one process.
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "jax",
-    reason="backend-independent; runs in the JAX pass only",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        keras.backend.backend() != "jax",
+        reason="backend-independent; runs in the JAX pass only",
+    ),
+    pytest.mark.slow,
+]
 
 
 @contextlib.contextmanager

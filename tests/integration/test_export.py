@@ -30,6 +30,8 @@ import pytest
 import keras_attention as ka
 from keras_attention import decoding
 
+pytestmark = pytest.mark.slow  # runs early: see tests/conftest.py
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "integration" / "export_worker.py"
 BACKEND = keras.backend.backend()
