@@ -118,9 +118,16 @@ def pytest_runtest_setup(item):
     0.5-1.5 s. Keras runs one for every kernel `quantize` replaces (35 in
     one of our models) and `clear_session` runs one: the JAX pass spent
     70 s in them. Frozen, a collection inside a test examines only what
-    the test made; `_fresh_keras_state` unfreezes them when the test ends,
-    so nothing is kept from collection for longer than one test."""
+    the test made; `pytest_runtest_teardown` unfreezes them, so nothing is
+    kept from collection for longer than one test."""
     gc.freeze()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item):
+    """Before the test's fixtures are torn down (and `_fresh_keras_state`
+    collects), even when its setup failed."""
+    gc.unfreeze()
 
 
 @pytest.fixture(autouse=True)
@@ -135,7 +142,6 @@ def _fresh_keras_state():
     keras.config.set_dtype_policy("float32")
     keras.utils.set_random_seed(1234)
     yield
-    gc.unfreeze()
     keras.config.set_dtype_policy("float32")
     _tests_run += 1
     keras.backend.clear_session(
