@@ -49,16 +49,40 @@ def reference_weights(query, key, mask, structure, scale=None):
     if dense is not None:
         mask = merge_masks(mask, expand_mask(dense, rank))
     heads = 1 if rank == 3 else query.shape[2]
+    rows, cols = ops.arange(0, query_length), ops.arange(0, key_length)
+    modded = structure.mod_mask(ops.shape(query)[0], heads, rows, cols)
+    if modded is not None:
+        mask = merge_masks(mask, modded[:, 0] if rank == 3 else modded)
     bias = structure.dense_bias(heads, query_length, key_length)
     if bias is not None and rank == 3:
         bias = bias[:, 0]  # (1, T, S)
+
+    def scores(logits):
+        if rank == 4:
+            return structure.modify_scores(logits, rows, cols)
+        logits = ops.expand_dims(logits, 1)  # (B, 1, T, S)
+        return structure.modify_scores(logits, rows, cols)[:, 0]
+
     return attention_weights(
-        query, key, mask, scale, soft_cap=structure.soft_cap, bias=bias
+        query,
+        key,
+        mask,
+        scale,
+        soft_cap=structure.soft_cap,
+        bias=bias,
+        score_fn=None if structure.score_mod is None else scores,
     )
 
 
 def attention_weights(
-    query, key, mask=None, scale=None, *, soft_cap=None, bias=None
+    query,
+    key,
+    mask=None,
+    scale=None,
+    *,
+    soft_cap=None,
+    bias=None,
+    score_fn=None,
 ):
     """The attention weights `softmax(scale · q kᵀ)` with masking.
 
@@ -75,6 +99,8 @@ def attention_weights(
             `soft_cap * tanh(logits / soft_cap)`.
         bias (Tensor | None): Float, broadcastable to the logits. Added
             after the cap (an ALiBi bias, for example).
+        score_fn (Callable | None): Rewrites the scaled logits before the
+            cap (a score mod).
 
     Returns:
         Tensor: The weights, `(B, T, S)` or `(B, N, T, S)`, in the query's
@@ -100,6 +126,8 @@ def attention_weights(
         logits = _grouped_logits(query, key)  # (B, N, T, S)
         if mask is not None:
             mask = expand_mask(mask, 4)  # (B|1, N|1, T, S)
+    if score_fn is not None:
+        logits = score_fn(logits)
     if soft_cap is not None:
         cap = ops.cast(soft_cap, compute_dtype)
         logits = cap * ops.tanh(logits / cap)

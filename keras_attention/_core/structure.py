@@ -1,7 +1,8 @@
 """Attention structure: which keys each query may see, besides a mask.
 
 The structural arguments of `scaled_dot_product_attention` (`is_causal`,
-`sliding_window`, `segment_ids`, `alibi`, `logit_soft_cap`) are checked
+`sliding_window`, `segment_ids`, `alibi`, `logit_soft_cap`, `mask_mod`,
+`score_mod`) are checked
 and normalised here, once, into a `Structure` (`Structure.from_args`);
 each path lowers it its own way. The chunked path
 visits only the key blocks a query block can see and applies the rest
@@ -17,6 +18,7 @@ is unbounded) and, with segment ids, when both ids are equal and not 0.
 Shape legend: B batch, T query length, S key length.
 """
 
+import copy
 import math
 
 import keras
@@ -27,6 +29,10 @@ from keras_attention._core.checks import check_length
 from keras_attention._core.checks import host_integers
 from keras_attention._core.checks import is_tensor
 from keras_attention._core.checks import static_dim
+from keras_attention._core.mods import check_mod
+from keras_attention._core.mods import grid
+from keras_attention._core.mods import modified
+from keras_attention._core.mods import visible
 
 ALIGNMENTS = ("top_left", "bottom_right")
 # A band bound this wide reaches every key of any sequence that fits in
@@ -46,12 +52,25 @@ class Structure:
             `None`.
         alibi: bool. Linear position biases `-m_n |p - j|` per head.
         soft_cap: float or `None`. Logits become `cap tanh(logits / cap)`.
+        mask_mod, score_mod: callables or `None` (see `_core.mods`).
+        where: str. The function or layer the structure is checked for.
     """
 
     def __init__(
-        self, causal, offset, window, segments, alibi=False, soft_cap=None
+        self,
+        causal,
+        offset,
+        window,
+        segments,
+        alibi=False,
+        soft_cap=None,
+        mask_mod=None,
+        score_mod=None,
+        where="scaled_dot_product_attention",
     ):
         self.causal = causal
+        self.mask_mod, self.score_mod = mask_mod, score_mod
+        self.where = where
         self.alibi = alibi
         self.soft_cap = soft_cap
         self.offset = offset
@@ -79,6 +98,8 @@ class Structure:
         alibi=False,
         logit_soft_cap=None,
         offset=None,
+        mask_mod=None,
+        score_mod=None,
     ):
         """Checks the structural arguments of a call with `batch` rows,
         `T = query_length` queries and `S = key_length` keys (ints, `None`
@@ -100,6 +121,8 @@ class Structure:
         )
         _check_alibi(where, alibi)
         _check_soft_cap(where, logit_soft_cap)
+        check_mod(where, "mask_mod", mask_mod)
+        check_mod(where, "score_mod", score_mod)
         if offset is None:
             offset = 0
             # Unknown lengths (a symbolic check) leave the offset to the run.
@@ -107,7 +130,17 @@ class Structure:
             if alignment == "bottom_right" and known:
                 offset = key_length - query_length
         soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
-        return cls(bool(is_causal), offset, window_, segments, alibi, soft_cap)
+        return cls(
+            bool(is_causal),
+            offset,
+            window_,
+            segments,
+            alibi,
+            soft_cap,
+            mask_mod,
+            score_mod,
+            where,
+        )
 
     @classmethod
     def of_call(cls, where, query, key, **arguments):
@@ -134,7 +167,11 @@ class Structure:
     @property
     def is_empty(self) -> bool:
         """No structure: every key visible (to what the mask allows)."""
-        return not self.has_band and not self.has_segments
+        return (
+            not self.has_band
+            and not self.has_segments
+            and self.mask_mod is None
+        )
 
     @property
     def is_top_left_causal(self) -> bool:
@@ -144,6 +181,7 @@ class Structure:
             and self.left is None
             and _is_zero(self.offset)
             and not self.has_segments
+            and self.mask_mod is None
         )
 
     def alibi_bias(self, num_heads, rows, cols):
@@ -160,6 +198,31 @@ class Structure:
         rows = ops.expand_dims(ops.arange(0, query_length), 1)  # (T, 1)
         cols = ops.expand_dims(ops.arange(0, key_length), 0)  # (1, S)
         return ops.expand_dims(self.alibi_bias(num_heads, rows, cols), 0)
+
+    def with_mods(self, **mods):
+        """A copy with `mask_mod` and/or `score_mod` replaced."""
+        other = copy.copy(self)
+        for name, mod in mods.items():
+            setattr(other, name, mod)
+        return other
+
+    def mod_mask(self, batch, heads, rows, cols):
+        """The mask mod at query rows `rows` `(R,)` and keys `cols` `(C,)`
+        of every batch row and head: booleans that broadcast to
+        `(B, N, R, C)`, or `None` without a mask mod."""
+        if self.mask_mod is None:
+            return None
+        indices = grid(batch, heads, rows, cols)
+        return visible(self.where, self.mask_mod, indices)
+
+    def modify_scores(self, scores, rows, cols):
+        """`scores` `(B, N, R, C)` through the score mod, for query rows
+        `rows` `(R,)` and keys `cols` `(C,)`; unchanged without one."""
+        if self.score_mod is None:
+            return scores
+        batch, heads = ops.shape(scores)[0], scores.shape[1]
+        indices = grid(batch, heads, rows, cols)
+        return modified(self.where, self.score_mod, scores, indices)
 
     def band_visible(self, rows, cols):
         """The band at query rows `rows` and key positions `cols`

@@ -20,6 +20,7 @@ from keras_attention._kernels import runtime
 from keras_attention._kernels.blockwise import chunked_attention
 from keras_attention._kernels.fused import fused_attention
 from keras_attention._kernels.fused import refusal
+from keras_attention._kernels.fused import structure_refusal
 
 CHUNK_SIZE = 256  # query and key rows per block of the chunked path
 CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
@@ -115,8 +116,8 @@ def choose(query, key, value=None, weights=False, structure=None):
 
 def _choose_with_kernel(query, value, structure):
     reason = None if value is None else refusal(query, value)
-    if structure is not None and structure.soft_cap is not None:
-        reason = "logit soft-capping: the kernel has no such option"
+    if structure is not None and structure_refusal(structure):
+        reason = structure_refusal(structure)
     if reason is None:
         return "fused", {}
     return "reference", {

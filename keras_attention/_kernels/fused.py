@@ -28,7 +28,7 @@ def fused_attention(query, key, value, mask, structure, scale):
     reference.
     """
     primitives = backends.current()
-    if refusal(query, value) is not None or structure.soft_cap is not None:
+    if refusal(query, value) is not None or structure_refusal(structure):
         return _core.reference(query, key, value, mask, scale, structure)[0]
     # A kernel takes a bias or a causal flag, not both.
     is_causal = (
@@ -40,6 +40,20 @@ def fused_attention(query, key, value, mask, structure, scale):
             if len(query.shape) == 4:
                 dense = ops.expand_dims(dense, 1)  # (B|1, 1, T, S)
             mask = dense if mask is None else ops.logical_and(mask, dense)
+    heads = 1 if len(query.shape) == 3 else query.shape[2]
+    modded = structure.mod_mask(
+        ops.shape(query)[0],
+        heads,
+        ops.arange(0, ops.shape(query)[1]),
+        ops.arange(0, ops.shape(key)[1]),
+    )  # (B|1, N|1, T|1, S|1)
+    if modded is not None:
+        if len(query.shape) == 3:
+            modded = modded[:, 0]
+        modded = ops.broadcast_to(
+            modded, (*modded.shape[:-2], ops.shape(query)[1], ops.shape(key)[1])
+        )
+        mask = modded if mask is None else ops.logical_and(mask, modded)
     single_head = len(query.shape) == 3
     if single_head:
         query, key, value = (ops.expand_dims(x, 2) for x in (query, key, value))
@@ -58,6 +72,15 @@ def fused_attention(query, key, value, mask, structure, scale):
     if single_head:
         output = ops.squeeze(output, 2)  # (B, T, V)
     return output
+
+
+def structure_refusal(structure):
+    """Why the kernel cannot apply this structure, or `None`."""
+    if structure.soft_cap is not None:
+        return "logit soft-capping: the kernel has no such option"
+    if structure.score_mod is not None:
+        return "a score mod: the kernel takes no function of the logits"
+    return None
 
 
 def refusal(query, value):

@@ -5,6 +5,8 @@ N query heads, K key/value heads, H head dim (query/key), V value head
 dim.
 """
 
+from collections.abc import Callable
+
 import keras
 from keras import ops
 
@@ -27,6 +29,8 @@ def scaled_dot_product_attention(
     segment_ids=None,
     alibi: bool = False,
     logit_soft_cap: float | None = None,
+    mask_mod: Callable | None = None,
+    score_mod: Callable | None = None,
 ):
     """Scaled dot-product attention, `softmax(q kᵀ / sqrt(H)) v`.
 
@@ -101,6 +105,20 @@ def scaled_dot_product_attention(
         logit_soft_cap: Caps the logits smoothly,
             `cap * tanh(logits / cap)` (Gemma 2), before the ALiBi bias;
             in float32 for half-precision inputs. Defaults to `None`.
+        mask_mod: Any visibility rule, as a function
+            `mask_mod(batch, head, q_idx, kv_idx) -> bool` (`True` =
+            attend) of int32 index tensors that broadcast to `(B, N, T, S)`
+            (`head` is 0 for 3-D inputs): `q_idx` and `kv_idx` index the
+            query and key tensors. A path may call it on any block of that
+            grid, so it must be elementwise; `keras_attention.mods` has the
+            common ones. Defaults to `None`.
+        score_mod: Any change of the logits, as a function
+            `score_mod(score, batch, head, q_idx, kv_idx) -> score` of the
+            scaled logits (float32 for half-precision inputs) and the same
+            indices, returning logits of the same shape; applied before
+            `logit_soft_cap` and `alibi`. Tensors and Keras variables it
+            holds (a bias table) get gradients on every path. Defaults to
+            `None`.
 
     Returns:
         Tensor | tuple[Tensor, Tensor]: The output, `(B, T, V)` or
@@ -133,6 +151,8 @@ def scaled_dot_product_attention(
         segment_ids=segment_ids,
         alibi=alibi,
         logit_soft_cap=logit_soft_cap,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
     )
     segments = _segment_pair(segment_ids)
     if _any_symbolic(query, key, value, mask, *segments):
@@ -145,6 +165,8 @@ def scaled_dot_product_attention(
             sliding_window,
             alibi,
             logit_soft_cap,
+            mask_mod,
+            score_mod,
         )
         return operation(query, key, value, mask, *segments)
     query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
@@ -177,9 +199,13 @@ class _Attention(keras.Operation):
         sliding_window=None,
         alibi=False,
         logit_soft_cap=None,
+        mask_mod=None,
+        score_mod=None,
         name=None,
     ):
         super().__init__(name=name)
+        self.mask_mod = _deserialize(mask_mod)
+        self.score_mod = _deserialize(score_mod)
         self.is_causal = is_causal
         self.scale = scale
         self.return_attention_scores = return_attention_scores
@@ -200,6 +226,8 @@ class _Attention(keras.Operation):
             segment_ids=_segment_argument(query_ids, key_ids),
             alibi=self.alibi,
             logit_soft_cap=self.logit_soft_cap,
+            mask_mod=self.mask_mod,
+            score_mod=self.score_mod,
         )
 
     def compute_output_spec(
@@ -215,6 +243,8 @@ class _Attention(keras.Operation):
             segment_ids=_segment_argument(query_ids, key_ids),
             alibi=self.alibi,
             logit_soft_cap=self.logit_soft_cap,
+            mask_mod=self.mask_mod,
+            score_mod=self.score_mod,
         )
         output = keras.KerasTensor(
             (*query.shape[:-1], value.shape[-1]),
@@ -239,7 +269,21 @@ class _Attention(keras.Operation):
             "sliding_window": self.sliding_window,
             "alibi": self.alibi,
             "logit_soft_cap": self.logit_soft_cap,
+            "mask_mod": _serialize(self.mask_mod),
+            "score_mod": _serialize(self.score_mod),
         }
+
+
+def _serialize(mod):
+    """A mod as Keras serializes any callable (a registered class by its
+    config, a plain function by name or, unsafely, its code)."""
+    return None if mod is None else keras.saving.serialize_keras_object(mod)
+
+
+def _deserialize(mod):
+    if isinstance(mod, dict):
+        return keras.saving.deserialize_keras_object(mod)
+    return mod
 
 
 def _segment_pair(segment_ids):

@@ -13,16 +13,17 @@ write_kv_cache = common.slice_write_kv_cache
 
 
 def custom_gradient(forward, backward):
-    """`fn(query, key, value, tensors)` whose value is `forward(...)[0]`
-    and whose gradients are `backward(tensors, residuals, grad)`; the
-    tensors (mask, segment ids) get none."""
+    """`fn(query, key, value, captures, tensors)` whose value is
+    `forward(...)[0]` and whose gradients are `backward(tensors,
+    residuals, grad)` (for the query, key, value and the list
+    `captures`); the tensors (mask, segment ids) get none."""
 
     @jax.custom_vjp
-    def fn(query, key, value, tensors):
-        return forward(query, key, value, tensors)[0]
+    def fn(query, key, value, captures, tensors):
+        return forward(query, key, value, captures, tensors)[0]
 
-    def fn_forward(query, key, value, tensors):
-        output, residuals = forward(query, key, value, tensors)
+    def fn_forward(query, key, value, captures, tensors):
+        output, residuals = forward(query, key, value, captures, tensors)
         return output, (residuals, tensors)
 
     def fn_backward(saved, grad):
@@ -31,6 +32,13 @@ def custom_gradient(forward, backward):
 
     fn.defvjp(fn_forward, fn_backward)
     return fn
+
+
+def vjp(fn, *primals):
+    """`(fn(*primals), pullback)`: `pullback(cotangent)` gives the
+    gradients of `fn`'s output for each primal."""
+    output, pullback = jax.vjp(fn, *primals)
+    return output, lambda cotangent: list(pullback(cotangent))
 
 
 def fori_loop(start, end, body, carry):

@@ -18,19 +18,47 @@ fused_kernel = common.keras_kernel
 
 
 def custom_gradient(forward, backward):
-    """`fn(query, key, value, tensors)` whose value is `forward(...)[0]`
-    and whose gradients are `backward(tensors, residuals, grad)`; the
-    tensors (mask, segment ids) get none."""
+    """`fn(query, key, value, captures, tensors)` whose value is
+    `forward(...)[0]` and whose gradients are `backward(tensors,
+    residuals, grad)` (for the query, key, value and the list
+    `captures`); the tensors (mask, segment ids) get none."""
 
-    def fn(query, key, value, tensors):
+    def fn(query, key, value, captures, tensors):
         @tf.custom_gradient
-        def attend(query, key, value):
-            output, residuals = forward(query, key, value, tensors)
-            return output, lambda grad: backward(tensors, residuals, grad)
+        def attend(query, key, value, *captures):
+            output, residuals = forward(
+                query, key, value, list(captures), tensors
+            )
 
-        return attend(query, key, value)
+            def grad_fn(grad):
+                *grads, grad_captures = backward(tensors, residuals, grad)
+                return (*grads, *grad_captures)
+
+            return output, grad_fn
+
+        return attend(query, key, value, *captures)
 
     return fn
+
+
+def vjp(fn, *primals):
+    """`(fn(*primals), pullback)`: `pullback(cotangent)` gives the
+    gradients of `fn`'s output for each primal (zeros where it does not
+    depend on one). The primals are copied first, so that a tape inside a
+    loop body watches the body's own tensors."""
+    primals = [tf.identity(x) for x in primals]
+    with tf.GradientTape() as tape:
+        tape.watch(primals)
+        output = fn(*primals)
+
+    def pullback(cotangent):
+        grads = tape.gradient(output, primals, output_gradients=cotangent)
+        return [
+            tf.zeros_like(x) if g is None else g
+            for x, g in zip(primals, grads, strict=True)
+        ]
+
+    return output, pullback
 
 
 def fori_loop(start, end, body, carry):

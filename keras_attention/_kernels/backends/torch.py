@@ -15,23 +15,54 @@ PROGRAMS_TAKE_VARIABLES = False  # the loop runs eagerly
 
 
 def custom_gradient(forward, backward):
-    """`fn(query, key, value, tensors)` whose value is `forward(...)[0]`
-    and whose gradients are `backward(tensors, residuals, grad)`; the
-    tensors (mask, segment ids) get none."""
+    """`fn(query, key, value, captures, tensors)` whose value is
+    `forward(...)[0]` and whose gradients are `backward(tensors,
+    residuals, grad)` (for the query, key, value and the list
+    `captures`); the tensors (mask, segment ids) get none."""
 
     class Attention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, query, key, value, tensors):
-            output, residuals = forward(query, key, value, tensors)
+        def forward(ctx, query, key, value, tensors, *captures):
+            output, residuals = forward(
+                query, key, value, list(captures), tensors
+            )
             ctx.save_for_backward(*residuals)
             ctx.tensors = tensors
             return output
 
         @staticmethod
         def backward(ctx, grad):
-            return (*backward(ctx.tensors, ctx.saved_tensors, grad), None)
+            *grads, grad_captures = backward(
+                ctx.tensors, ctx.saved_tensors, grad
+            )
+            return (*grads, None, *grad_captures)
 
-    return Attention.apply
+    def fn(query, key, value, captures, tensors):
+        return Attention.apply(query, key, value, tensors, *captures)
+
+    return fn
+
+
+def vjp(fn, *primals):
+    """`(fn(*primals), pullback)`: `pullback(cotangent)` gives the
+    gradients of `fn`'s output for each primal (zeros where it does not
+    depend on one)."""
+    with torch.enable_grad():
+        primals = [x.detach().requires_grad_(True) for x in primals]
+        output = fn(*primals)
+
+    def pullback(cotangent):
+        if not output.requires_grad:
+            return [torch.zeros_like(x) for x in primals]
+        grads = torch.autograd.grad(
+            output, primals, cotangent, allow_unused=True
+        )
+        return [
+            torch.zeros_like(x) if g is None else g
+            for x, g in zip(primals, grads, strict=True)
+        ]
+
+    return output, pullback
 
 
 def fori_loop(start, end, body, carry):

@@ -50,35 +50,43 @@ def chunked_attention(query, key, value, mask, structure, scale, chunk_size):
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B|1, 1, T|1, S)
     plan = Plan(query, key, value, mask, structure, scale, chunk_size)
-    output = with_gradient(plan)(query, key, value, plan.tensors)
+    output = with_gradient(plan)(query, key, value, plan.captures, plan.tensors)
     if single_head:
         output = ops.squeeze(output, 2)  # (B, T, V)
     return output
 
 
 def with_gradient(plan):
-    """`fn(query, key, value, tensors)`: the attention output
+    """`fn(query, key, value, captures, tensors)`: the attention output
     `(B, T, N, V)`, differentiated by `backward` on every backend.
-    `tensors` are the plan's blocked mask, segment ids and their block
-    ranges; they get no gradient."""
+    `captures` are the score mod's floating tensors, differentiated too;
+    `tensors` are the plan's blocked mask, segment ids, block ranges and
+    the mask mod's tensors; they get no gradient."""
 
-    def forward_pass(query, key, value, tensors):
+    def forward_pass(query, key, value, captures, tensors):
         query, key, value = layout.to_blocks(plan, query, key, value)
-        outputs, lse = forward(plan, query, key, value, tensors)
+        outputs, lse = forward(plan, query, key, value, tensors, captures)
         output = layout.from_query_blocks(plan, outputs, plan.dtypes[2])
-        return output, (query, key, value, outputs, lse)
+        return output, (query, key, value, outputs, lse, *captures)
 
     def backward_pass(tensors, residuals, grad):
-        query, key, value, outputs, lse = residuals
+        query, key, value, outputs, lse, *captures = residuals
         grad = layout.query_blocks(plan, ops.cast(grad, plan.compute_dtype))
-        grads = backward(plan, query, key, value, tensors, outputs, lse, grad)
-        grad_query, grad_key, grad_value = grads
+        grads = backward(
+            plan, query, key, value, tensors, captures, outputs, lse, grad
+        )
+        grad_query, grad_key, grad_value, grad_captures = grads
+        grad_captures = [
+            ops.cast(g, x.dtype)
+            for g, x in zip(grad_captures, captures, strict=True)
+        ]
         return (
             layout.from_query_blocks(
                 plan, grad_query * plan.scale, plan.dtypes[0]
             ),
             layout.from_key_blocks(plan, grad_key, plan.dtypes[1]),
             layout.from_key_blocks(plan, grad_value, plan.dtypes[2]),
+            grad_captures,
         )
 
     return backends.current().custom_gradient(forward_pass, backward_pass)

@@ -9,24 +9,39 @@ H head dim, V value head dim, P = B x K.
 
 from keras import ops
 
+from keras_attention._kernels import backends
 from keras_attention._kernels.blockwise import blocks
 
 
-def backward(plan, query, key, value, tensors, outputs, lse, grad):
+def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
     """Gradients of the blocked query, key and value (the query's without
-    the scale), in the compute dtype."""
+    the scale), in the compute dtype, and of the score mod's floating
+    tensors `captures`."""
     c, groups = plan.block, plan.groups
     delta = ops.sum(grad * outputs, axis=-1)  # (P, G, T')
 
+    def scored(i, j, logits):
+        """The block's logits through the score mod, and its pullback."""
+        if plan.score_mod is None:
+            return logits, None
+        constants = tensors.score_constants
+
+        def mod(logits, *captures):
+            held = plan.score_mod.join(captures, constants)
+            return blocks.score(plan, i, j, logits, held)
+
+        return backends.current().vjp(mod, logits, *captures)
+
     def key_block(j, carry, padded):
-        grad_query, grad_key, grad_value = carry
+        grad_query, grad_key, grad_value, grad_captures = carry
         k, v = blocks.key_rows(key, j, c), blocks.key_rows(value, j, c)
 
         def query_block(i, state, edge):
-            grad_query, grad_k, grad_v = state
+            grad_query, grad_k, grad_v, grad_captures = state
             q = blocks.query_rows(query, i, c)  # (P, G*C, H)
             do = blocks.query_rows(grad, i, c)  # (P, G*C, V)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
+            logits, pullback = scored(i, j, logits)
             logits, slope = blocks.transform(plan, i, j, logits)
             logits = blocks.hide(plan, tensors, i, j, logits, edge)
             # The forward's weights; hidden logits give exp(masked) = 0.
@@ -38,16 +53,31 @@ def backward(plan, query, key, value, tensors, outputs, lse, grad):
             )
             if slope is not None:  # through the soft cap
                 grad_logits = grad_logits * slope
+            if pullback is not None:  # through the score mod
+                grad_logits, *grads = pullback(grad_logits)
+                grad_captures = [
+                    total + ops.cast(g, total.dtype)
+                    for total, g in zip(grad_captures, grads, strict=True)
+                ]
             grad_k = grad_k + ops.matmul(ops.swapaxes(grad_logits, 1, 2), q)
             grad_q = blocks.query_rows(grad_query, i, c) + ops.matmul(
                 grad_logits, k
             )
             grad_query = blocks.write_rows(grad_query, grad_q, i, c, groups)
-            return grad_query, grad_k, grad_v
+            return grad_query, grad_k, grad_v, grad_captures
 
         start, end = plan.query_range(j, tensors)
-        state = (grad_query, ops.zeros_like(k), ops.zeros_like(v))
-        if plan.general:
+        state = (
+            grad_query,
+            ops.zeros_like(k),
+            ops.zeros_like(v),
+            grad_captures,
+        )
+        if plan.mask_mod is not None:
+            state = blocks.visit(
+                tensors.query_lists, j, query_block, state, plan.full_edge
+            )
+        elif plan.general:
             state = blocks.loop(
                 start, end, query_block, state, edge=plan.full_edge
             )
@@ -62,12 +92,17 @@ def backward(plan, query, key, value, tensors, outputs, lse, grad):
             state = blocks.loop(
                 start + 1, end, query_block, state, edge=interior
             )
-        grad_query, grad_k, grad_v = state
+        grad_query, grad_k, grad_v, grad_captures = state
         grad_key = ops.slice_update(grad_key, (0, j * c, 0), grad_k)
         grad_value = ops.slice_update(grad_value, (0, j * c, 0), grad_v)
-        return grad_query, grad_key, grad_value
+        return grad_query, grad_key, grad_value, grad_captures
 
-    carry = (ops.zeros_like(query), ops.zeros_like(key), ops.zeros_like(value))
+    carry = (
+        ops.zeros_like(query),
+        ops.zeros_like(key),
+        ops.zeros_like(value),
+        [ops.zeros_like(x) for x in captures],
+    )
     # Only the last key block holds padded keys.
     last = plan.key_blocks - 1 if plan.key_edge.padded else plan.key_blocks
     carry = blocks.loop(0, last, key_block, carry, padded=False)

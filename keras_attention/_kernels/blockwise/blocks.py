@@ -37,6 +37,24 @@ def loop(start, end, body, carry, **flags):
     return fori_loop(start, end, lambda i, c: body(i, c, **flags), carry)
 
 
+def visit(lists, index, body, carry, edge):
+    """`body(j, carry, edge=...)` for each block `j` that the block lists
+    (`plan.block_lists`) give row `index`: its partial blocks with the mask
+    mod applied, then its full blocks without it."""
+    partial, partial_count, full, full_count = lists
+    for columns, count, edge_ in (
+        (partial, partial_count, edge.with_mod()),
+        (full, full_count, edge),
+    ):
+        row = ops.take(columns, index, axis=0)  # (m,)
+
+        def step(n, carry, row=row, edge_=edge_):
+            return body(ops.take(row, n), carry, edge=edge_)
+
+        carry = fori_loop(0, ops.take(count, index), step, carry)
+    return carry
+
+
 def fori_loop(start, end, body, carry):
     """`ops.fori_loop`, one iteration at a time on TensorFlow (see
     `backends.tensorflow.fori_loop`)."""
@@ -66,6 +84,23 @@ def write_rows(tensor, rows, index, block, groups):
     return ops.slice_update(tensor, starts, rows)
 
 
+def score(plan, i, j, logits, held):
+    """The logits `(P, G*C, C)` of block pair `(i, j)` through the score
+    mod, with `held = (tensors, constants)` in place of the mod's own."""
+    c = plan.block
+    scores = ops.reshape(logits, (-1, plan.heads, c, c))  # (B, N, C, C)
+    rows, cols = real_indices(plan, i, j)
+    mod = plan.score_mod
+
+    def bound(scores, *indices):
+        return mod(held, scores, *indices)
+
+    scores = plan.structure.with_mods(score_mod=bound).modify_scores(
+        scores, rows, cols
+    )
+    return ops.reshape(scores, (-1, plan.groups * c, c))
+
+
 def transform(plan, i, j, logits):
     """The logits `(P, G*C, C)` of block pair `(i, j)` soft-capped and
     with the ALiBi bias, and the cap's derivative (or `None`)."""
@@ -87,14 +122,30 @@ def transform(plan, i, j, logits):
     return logits, slope
 
 
+def real_indices(plan, i, j):
+    """The query rows and keys `(C,)` of block pair `(i, j)` that a mod is
+    called with: the padding past the last query or key is given the last
+    one's index (it is hidden anyway), so that a mod never sees an index
+    outside its tensors."""
+    c = plan.block
+    rows = ops.minimum(i * c + ops.arange(c), plan.length - 1)
+    cols = ops.minimum(j * c + ops.arange(c), plan.key_length - 1)
+    return rows, cols
+
+
 class Edge:
     """Which structure a block pair must apply beyond the user's mask:
     the top-left causal diagonal, the padded keys of the last key block,
     a general band, segment ids."""
 
-    def __init__(self, causal=False, padded=False, band=False, segments=False):
+    def __init__(
+        self, causal=False, padded=False, band=False, segments=False, mod=False
+    ):
         self.causal, self.padded = causal, padded
-        self.band, self.segments = band, segments
+        self.band, self.segments, self.mod = band, segments, mod
+
+    def with_mod(self):
+        return Edge(self.causal, self.padded, self.band, self.segments, True)
 
 
 def hide(plan, tensors, i, j, logits, edge):
@@ -125,6 +176,10 @@ def hide(plan, tensors, i, j, logits, edge):
             ops.slice(key_ids, (0, j * c), (batch, c)),
         )  # (B, C, C)
         conditions.append(ops.expand_dims(same, (1, 2)))  # (B, 1, 1, C, C)
+    if edge.mod:
+        conditions.append(
+            _mod_visible(plan, tensors, *real_indices(plan, i, j))
+        )
     for condition in conditions:
         visible = (
             condition
@@ -136,3 +191,21 @@ def hide(plan, tensors, i, j, logits, edge):
     logits = ops.reshape(logits, (-1, plan.kv_heads, plan.groups, c, c))
     logits = ops.where(visible, logits, ops.cast(plan.negative, logits.dtype))
     return ops.reshape(logits, (-1, plan.groups * c, c))
+
+
+def _mod_visible(plan, tensors, rows, cols):
+    """The mask mod at query rows `rows` and keys `cols` `(C,)` as
+    `(B|1, K|1, G|1, C, C)`."""
+    mod = plan.mask_mod
+
+    def bound(*indices):
+        return mod(list(tensors.mask_held), *indices)
+
+    visible = plan.structure.with_mods(mask_mod=bound).mod_mask(
+        plan.batch, plan.heads, rows, cols
+    )  # (B|1, N|1, C|1, C|1)
+    c = plan.block
+    visible = ops.broadcast_to(visible, (*ops.shape(visible)[:2], c, c))
+    if visible.shape[1] == 1:
+        return ops.expand_dims(visible, 1)  # (B|1, 1, 1, C, C)
+    return ops.reshape(visible, (-1, plan.kv_heads, plan.groups, c, c))

@@ -12,9 +12,10 @@ from keras import ops
 from keras_attention._kernels.blockwise import blocks
 
 
-def forward(plan, query, key, value, tensors):
+def forward(plan, query, key, value, tensors, captures):
     """Outputs `(P, G, T', V)` and row log-sum-exps `(P, G, T')`, both in
-    the compute dtype, from blocked inputs (see `to_blocks`)."""
+    the compute dtype, from blocked inputs (see `to_blocks`); `captures`
+    are the score mod's floating tensors."""
     c, groups, dtype = plan.block, plan.groups, plan.compute_dtype
     pairs = ops.shape(query)[0]
 
@@ -26,6 +27,9 @@ def forward(plan, query, key, value, tensors):
             running_max, total, acc = state
             k, v = blocks.key_rows(key, j, c), blocks.key_rows(value, j, c)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
+            if plan.score_mod is not None:
+                held = plan.score_mod.join(captures, tensors.score_constants)
+                logits = blocks.score(plan, i, j, logits, held)
             logits, _ = blocks.transform(plan, i, j, logits)
             logits = blocks.hide(plan, tensors, i, j, logits, edge)
             new_max = ops.maximum(running_max, ops.max(logits, axis=-1))
@@ -45,7 +49,11 @@ def forward(plan, query, key, value, tensors):
             ops.zeros((*shape, plan.value_dim), dtype),
         )
         start, end = plan.key_range(i, tensors)
-        if plan.general:
+        if plan.mask_mod is not None:
+            state = blocks.visit(
+                tensors.key_lists, i, key_block, state, plan.full_edge
+            )
+        elif plan.general:
             state = blocks.loop(
                 start, end, key_block, state, edge=plan.full_edge
             )

@@ -15,6 +15,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention._core import large_negative
+from keras_attention._core.mods import Bound
 from keras_attention._kernels.blockwise import blocks
 
 
@@ -30,6 +31,15 @@ class Plan:
         self.query_blocks = -(-self.length // block)
         self.key_blocks = -(-self.key_length // block)
         self.structure = structure
+        self.batch = ops.shape(query)[0]
+        self.mask_mod = _bound(structure.mask_mod)
+        self.score_mod = _bound(structure.score_mod)
+        # The score mod's floating tensors are differentiated.
+        self.captures, score_constants = (
+            self.score_mod.split(self.score_mod.held)
+            if self.score_mod is not None
+            else ([], [])
+        )
         self.soft_cap = structure.soft_cap
         self.alibi = structure.alibi
         # Top-left causal: only the diagonal block needs the condition.
@@ -51,7 +61,15 @@ class Plan:
             None if mask is None else self._blocked_mask(mask),
             *segments,
             *self._segment_reach(*segments),
+            mask_held=tuple(self.mask_mod.held) if self.mask_mod else (),
+            score_constants=tuple(score_constants),
         )
+        if self.mask_mod is not None:
+            table = self._mod_blocks()  # (T'/C, S'/C)
+            self.tensors = self.tensors._replace(
+                key_lists=block_lists(table),
+                query_lists=block_lists(ops.transpose(table)),
+            )
         padded = self.key_length % block != 0
         # The last key block a query block sees: its causal diagonal, and
         # the one with the padded keys.
@@ -105,6 +123,51 @@ class Plan:
             start = ops.maximum(start, ops.take(tensors.query_starts, j))
             end = ops.minimum(end, ops.take(tensors.query_ends, j))
         return start, end
+
+    def _mod_blocks(self):
+        """Each block pair under the mask mod, int32 `(T'/C, S'/C)`:
+        `EMPTY` (no position visible in any row of the batch or head),
+        `FULL` (every position visible) or `PARTIAL`; block pairs outside
+        the structure's ranges are `EMPTY`. Padded positions count as
+        neither: they are hidden in every block they are in."""
+        c, columns = self.block, self.key_blocks
+        cols = ops.arange(columns * c)  # (S',)
+        real_cols = cols < self.key_length
+        # A mod is never called past the last query or key (see
+        # `blocks.real_indices`); those positions do not count.
+        mod_cols = ops.minimum(cols, self.key_length - 1)
+        blocks_ = ops.arange(columns)
+
+        def row(i, table):
+            rows = i * c + ops.arange(c)  # (C,)
+            visible = self.structure.mod_mask(
+                self.batch,
+                self.heads,
+                ops.minimum(rows, self.length - 1),
+                mod_cols,
+            )  # (B|1, N|1, C|1, S'|1)
+            real = ops.logical_and((rows < self.length)[:, None], real_cols)
+            shape = (*ops.shape(visible)[:2], c, columns * c)
+            visible = ops.broadcast_to(visible, shape)
+            seen = ops.reshape(
+                ops.logical_and(visible, real), (-1, c, columns, c)
+            )
+            whole = ops.reshape(
+                ops.logical_or(visible, ops.logical_not(real)),
+                (-1, c, columns, c),
+            )
+            kinds = ops.where(
+                ops.all(whole, axis=(0, 1, 3)),
+                FULL,
+                ops.where(ops.any(seen, axis=(0, 1, 3)), PARTIAL, EMPTY),
+            )  # (S'/C,)
+            start, end = self.key_range(i, self.tensors)
+            inside = ops.logical_and(blocks_ >= start, blocks_ < end)
+            kinds = ops.cast(ops.where(inside, kinds, EMPTY), "int32")
+            return ops.slice_update(table, (i, 0), kinds[None])
+
+        table = ops.zeros((self.query_blocks, columns), "int32")
+        return blocks.fori_loop(0, self.query_blocks, row, table)
 
     def _segment_reach(self, query_ids, key_ids):
         """The block ranges segment ids leave: for each query block, the
@@ -175,6 +238,31 @@ class Tensors(NamedTuple):
     key_ends: Any
     query_starts: Any
     query_ends: Any
+    mask_held: tuple = ()
+    score_constants: tuple = ()
+    key_lists: Any = None
+    query_lists: Any = None
+
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def block_lists(table):
+    """For each row of a block table `(n, m)`: the columns of its
+    `PARTIAL` blocks, in order and first in an `(n, m)` row, and their
+    count `(n,)`; the same for its `FULL` blocks. The loops visit those."""
+    columns = table.shape[1]
+    order = ops.arange(columns, dtype="int32")
+    lists = []
+    for kind in (PARTIAL, FULL):
+        hit = ops.equal(table, kind)
+        first = ops.argsort(ops.where(hit, order, columns + order), axis=-1)
+        lists += [ops.cast(first, "int32"), ops.sum(ops.cast(hit, "int32"), -1)]
+    return tuple(lists)
+
+
+def _bound(mod):
+    return None if mod is None else Bound(mod)
 
 
 def id_span(ids, block):

@@ -1,0 +1,287 @@
+"""Programmable structure: how every path calls a mask mod or a score mod.
+
+A mask mod `mask_mod(batch, head, q_idx, kv_idx) -> bool` says which
+keys a query may see (`True` = attend); a score mod
+`score_mod(score, batch, head, q_idx, kv_idx) -> score` rewrites the
+scaled logits. Both are called with int32 index tensors that broadcast to
+`(B, N, R, C)`: the whole `(B, N, T, S)` grid on the reference path, one
+block of `R` query rows and `C` keys on the blockwise path (absolute
+indices, so a mod cannot tell the difference).
+
+The blockwise path differentiates through its own backward pass, which
+only sees its explicit inputs. `bind` therefore finds the tensors and
+Keras variables a mod holds (through its closure, default arguments, the
+globals it names, `functools.partial` arguments and the attributes of an
+object or a Keras layer) and returns the mod as a function of them: its
+floating tensors are differentiated like the query, key and value.
+
+Shape legend: B batch, N heads, T query length, S key length, R query
+rows and C keys of a block.
+"""
+
+import copy
+import functools
+import types
+
+import keras
+from keras import ops
+
+from keras_attention._core.checks import is_tensor
+from keras_attention._core.checks import static_dim
+
+
+def check_mod(where, name, mod):
+    """`mod` if it is callable (or `None`), else a `ValueError`."""
+    if mod is not None and not callable(mod):
+        raise ValueError(
+            f"{where}: `{name}` must be a callable, "
+            f"`{name.replace('_mod', '')}(... q_idx, kv_idx)`, or None. "
+            f"Received: {name}={mod!r}"
+        )
+    return mod
+
+
+def grid(batch, heads, rows, cols):
+    """The index tensors `(batch (B, 1, 1, 1), head (1, N, 1, 1), q_idx
+    (1, 1, R, 1), kv_idx (1, 1, 1, C))`, int32, for `rows` `(R,)` and
+    `cols` `(C,)` (absolute query and key indices)."""
+    batch = ops.reshape(ops.arange(0, batch, dtype="int32"), (-1, 1, 1, 1))
+    head = ops.reshape(ops.arange(0, heads, dtype="int32"), (1, -1, 1, 1))
+    q_idx = ops.reshape(ops.cast(rows, "int32"), (1, 1, -1, 1))
+    kv_idx = ops.reshape(ops.cast(cols, "int32"), (1, 1, 1, -1))
+    return batch, head, q_idx, kv_idx
+
+
+def visible(where, mask_mod, indices):
+    """`mask_mod(*indices)`, checked: a boolean tensor that broadcasts to
+    the grid of `indices` (see `grid`)."""
+    result = mask_mod(*indices)
+    if not is_tensor(result) and isinstance(result, bool):
+        result = ops.convert_to_tensor(result)
+    expected = _grid_shape(indices)
+    dtype = _dtype(result)
+    if dtype != "bool" or not _broadcasts(_shape(result), expected):
+        raise ValueError(
+            f"{where}: `mask_mod` must return booleans that broadcast to "
+            f"(B, N, T, S) (here {expected}). Received: a result of shape "
+            f"{_shape(result)} and dtype {dtype}"
+        )
+    return result
+
+
+def modified(where, score_mod, scores, indices):
+    """`score_mod(scores, *indices)`, checked: new logits of the scores'
+    shape, in their dtype."""
+    result = score_mod(scores, *indices)
+    shape, dtype = _shape(result), _dtype(result)
+    if "float" not in dtype or not _same(shape, _shape(scores)):
+        raise ValueError(
+            f"{where}: `score_mod` must return float logits of the scores' "
+            f"shape {_shape(scores)}. Received: a result of shape {shape} "
+            f"and dtype {dtype}"
+        )
+    return ops.cast(result, scores.dtype)
+
+
+class Bound:
+    """A mod as a function of the tensors it holds.
+
+    Attributes:
+        held: list. The tensors the mod holds, its Keras variables' values
+            first, in a fixed order.
+        floating: list of bool. Which of them are floating (the ones it is
+            differentiated by).
+    """
+
+    def __init__(self, mod):
+        self.mod = mod
+        self.variables, self._tensors = _reachable(mod)
+        values = [ops.convert_to_tensor(v) for v in self.variables]
+        self.held = values + self._tensors
+        self.floating = ["float" in _dtype(x) for x in self.held]
+
+    def split(self, held):
+        """`(floating, others)`: `held` in two lists."""
+        pairs = list(zip(held, self.floating, strict=True))
+        return [x for x, f in pairs if f], [x for x, f in pairs if not f]
+
+    def join(self, floating, others):
+        """The inverse of `split`."""
+        floating, others = list(floating), list(others)
+        return [floating.pop(0) if f else others.pop(0) for f in self.floating]
+
+    def __call__(self, held, *args):
+        """The mod on `args`, with the tensors `held` (as `self.held`) in
+        place of its own."""
+        count = len(self.variables)
+        mapping = list(zip(self.variables, held[:count], strict=True))
+        replaced = {
+            id(old): new
+            for old, new in zip(self._tensors, held[count:], strict=True)
+            if new is not old
+        }
+        mod = _substitute(self.mod, replaced, {}) if replaced else self.mod
+        if not mapping:
+            return mod(*args)
+        with keras.StatelessScope(state_mapping=mapping):
+            return mod(*args)
+
+
+def _reachable(mod):
+    """`(variables, tensors)`: the Keras variables and the tensors `mod`
+    holds, each once, in the order they are found."""
+    variables, tensors, seen = {}, {}, set()
+
+    def visit(obj, depth=0):
+        if id(obj) in seen or depth > 16 or obj is None:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, keras.Variable):
+            variables[id(obj)] = obj
+        elif is_tensor(obj):
+            tensors[id(obj)] = obj
+        elif isinstance(obj, keras.Layer):
+            for variable in obj.variables:
+                visit(variable, depth + 1)
+        else:
+            for child in _children(obj):
+                visit(child, depth + 1)
+
+    visit(mod)
+    return list(variables.values()), list(tensors.values())
+
+
+def _children(obj):
+    """What a mod can hold tensors in: containers, a function's closure,
+    defaults and the globals it names, a partial's arguments, a bound
+    method's object, an object's attributes."""
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return list(obj)
+    if isinstance(obj, dict):
+        return list(obj.values())
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, types.MethodType):
+        return [obj.__func__, obj.__self__]
+    if isinstance(obj, types.FunctionType):
+        cells = [cell.cell_contents for cell in obj.__closure__ or ()]
+        named = [
+            obj.__globals__[name]
+            for name in obj.__code__.co_names
+            if name in obj.__globals__
+            and (is_tensor(obj.__globals__[name]) or _is_variable(obj, name))
+        ]
+        defaults = list(obj.__defaults__ or ())
+        return (
+            cells
+            + defaults
+            + list((obj.__kwdefaults__ or {}).values())
+            + (named)
+        )
+    if isinstance(obj, (type, types.ModuleType, str, bytes, int, float)):
+        return []
+    return list(getattr(obj, "__dict__", {}).values())
+
+
+def _is_variable(fn, name):
+    return isinstance(fn.__globals__[name], keras.Variable)
+
+
+def _substitute(obj, replaced, memo):
+    """A copy of `obj` holding `replaced[id(t)]` wherever it held tensor
+    `t` (objects that hold none of them are returned as they are)."""
+    if id(obj) in memo:
+        return memo[id(obj)]
+    memo[id(obj)] = obj  # cycles end here
+    if id(obj) in replaced:
+        result = replaced[id(obj)]
+    elif isinstance(obj, (list, tuple)):
+        items = [_substitute(x, replaced, memo) for x in obj]
+        changed = any(a is not b for a, b in zip(items, obj, strict=True))
+        result = type(obj)(items) if changed else obj
+    elif isinstance(obj, dict):
+        result = {k: _substitute(v, replaced, memo) for k, v in obj.items()}
+        if all(result[k] is v for k, v in obj.items()):
+            result = obj
+    elif isinstance(obj, functools.partial):
+        result = functools.partial(
+            _substitute(obj.func, replaced, memo),
+            *_substitute(list(obj.args), replaced, memo),
+            **_substitute(dict(obj.keywords), replaced, memo),
+        )
+    elif isinstance(obj, types.MethodType):
+        result = types.MethodType(
+            _substitute(obj.__func__, replaced, memo),
+            _substitute(obj.__self__, replaced, memo),
+        )
+    elif isinstance(obj, types.FunctionType):
+        result = _substitute_function(obj, replaced, memo)
+    elif isinstance(obj, keras.Layer) or not hasattr(obj, "__dict__"):
+        result = obj  # a layer's variables are mapped, not replaced
+    elif isinstance(obj, (type, types.ModuleType)):
+        result = obj
+    else:
+        attributes = {
+            k: _substitute(v, replaced, memo) for k, v in vars(obj).items()
+        }
+        result = obj
+        if any(attributes[k] is not v for k, v in vars(obj).items()):
+            result = copy.copy(obj)
+            vars(result).update(attributes)
+    memo[id(obj)] = result
+    return result
+
+
+def _substitute_function(fn, replaced, memo):
+    cells = tuple(
+        types.CellType(_substitute(cell.cell_contents, replaced, memo))
+        for cell in fn.__closure__ or ()
+    )
+    named = {
+        name: replaced[id(fn.__globals__[name])]
+        for name in fn.__code__.co_names
+        if name in fn.__globals__ and id(fn.__globals__[name]) in replaced
+    }
+    scope = {**fn.__globals__, **named} if named else fn.__globals__
+    result = types.FunctionType(
+        fn.__code__,
+        scope,
+        fn.__name__,
+        _substitute(fn.__defaults__, replaced, memo),
+        cells or None,
+    )
+    result.__kwdefaults__ = _substitute(fn.__kwdefaults__, replaced, memo)
+    return result
+
+
+def _grid_shape(indices):
+    shapes = [_shape(x) for x in indices]
+    return tuple(
+        None if None in dims else max(dims)
+        for dims in zip(*shapes, strict=True)
+    )
+
+
+def _shape(x):
+    return tuple(static_dim(d) for d in getattr(x, "shape", ()))
+
+
+def _dtype(x):
+    return keras.backend.standardize_dtype(x.dtype)
+
+
+def _broadcasts(shape, expected):
+    if len(shape) > len(expected):
+        return False
+    tail = expected[len(expected) - len(shape) :]
+    return all(
+        a in (1, b) or a is None or b is None
+        for a, b in zip(shape, tail, strict=True)
+    )
+
+
+def _same(shape, expected):
+    return len(shape) == len(expected) and all(
+        a == b or a is None or b is None
+        for a, b in zip(shape, expected, strict=True)
+    )
