@@ -4,9 +4,9 @@ Bahdanau and Luong attention for RNN decoders and the Transformer's
 attention layers and blocks, as Keras 3 layers that run on TensorFlow,
 JAX and PyTorch.
 
-The submodules `functional`, `decoding` and `convert` are imported with
-the package; `datasets` and `visualization`, which serve optional extras,
-are imported on first use (`keras_attention.visualization.plot_attention(
+The submodules `functional`, `mods`, `decoding` and `convert` are
+imported with the package; `datasets` and `visualization`, which serve
+optional extras, are imported on first use (`keras_attention.visualization.plot_attention(
 ...)`). The package imports without matplotlib, Babel, num2words or
 keras-hub; only the functions that need one of them ask for it.
 """
@@ -16,6 +16,7 @@ import importlib as _importlib
 from keras_attention import convert as convert
 from keras_attention import decoding as decoding
 from keras_attention import functional as functional
+from keras_attention import mods as mods
 from keras_attention.layers import AttentionDecoder as AttentionDecoder
 from keras_attention.layers import AttentionMechanism as AttentionMechanism
 from keras_attention.layers import BahdanauAttention as BahdanauAttention
@@ -58,6 +59,7 @@ __all__ = [
     "datasets",
     "decoding",
     "functional",
+    "mods",
     "visualization",
 ]
 

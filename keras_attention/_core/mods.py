@@ -83,6 +83,23 @@ def modified(where, score_mod, scores, indices):
     return ops.cast(result, scores.dtype)
 
 
+class BlockTable:
+    """A mask mod with its block map computed once (`mods.BlockMask`).
+
+    Attributes:
+        blocks: int32 tensor `(T'/C, S'/C)`: 0 empty, 1 partial, 2 full.
+        block_size, query_length, key_length, batch_size, num_heads: int.
+    """
+
+    def fits(self, query_length, key_length, block_size) -> bool:
+        """Whether the map is the one a call of these sizes needs."""
+        return (query_length, key_length, block_size) == (
+            self.query_length,
+            self.key_length,
+            self.block_size,
+        )
+
+
 class Bound:
     """A mod as a function of the tensors it holds.
 

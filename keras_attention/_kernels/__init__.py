@@ -21,6 +21,7 @@ this package holds what looks at the backend:
 """
 
 from keras_attention._kernels import runtime as runtime
+from keras_attention._kernels.blockwise import mod_blocks as mod_blocks
 from keras_attention._kernels.cache import update_kv_cache as update_kv_cache
 from keras_attention._kernels.dispatch import CHUNK_SIZE as CHUNK_SIZE
 from keras_attention._kernels.dispatch import (

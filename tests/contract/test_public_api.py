@@ -18,6 +18,7 @@ from keras_attention import convert
 from keras_attention import datasets
 from keras_attention import decoding
 from keras_attention import functional
+from keras_attention import mods
 from keras_attention import visualization
 from keras_attention.layers import attention_decoder
 from keras_attention.layers import attention_mechanism
@@ -41,6 +42,21 @@ MODULE_FUNCTIONS = {
         "sample",
     ],
     visualization: ["plot_attention"],
+    mods: [
+        "alibi",
+        "and_masks",
+        "block_mask",
+        "causal",
+        "chunked",
+        "document",
+        "or_masks",
+        "prefix_lm",
+        "relative_position_bias",
+        "relative_position_bucket",
+        "sink_tokens",
+        "sliding_window",
+        "soft_cap",
+    ],
 }
 LAYER_CLASSES = [
     "AttentionDecoder",
@@ -57,7 +73,14 @@ LAYER_CLASSES = [
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
 ]
-SUBMODULES = ["convert", "datasets", "decoding", "functional", "visualization"]
+SUBMODULES = [
+    "convert",
+    "datasets",
+    "decoding",
+    "functional",
+    "mods",
+    "visualization",
+]
 PUBLIC_NAMES = [*LAYER_CLASSES, "__version__", *SUBMODULES]
 PUBLIC_FUNCTIONS = [
     "additive_score",
@@ -79,6 +102,7 @@ PUBLIC_FUNCTIONS = [
 DOCTESTED_MODULES = [
     convert,
     functional,
+    mods,
     decoding,
     visualization,
     datasets.builtin,

@@ -30,8 +30,10 @@ H head dim, V value head dim, P = B x K.
 
 from keras import ops
 
+from keras_attention._core import Structure
 from keras_attention._kernels import backends
 from keras_attention._kernels.blockwise import layout
+from keras_attention._kernels.blockwise import plan as plan_
 from keras_attention._kernels.blockwise.backward import backward
 from keras_attention._kernels.blockwise.forward import forward
 from keras_attention._kernels.blockwise.plan import Plan
@@ -54,6 +56,14 @@ def chunked_attention(query, key, value, mask, structure, scale, chunk_size):
     if single_head:
         output = ops.squeeze(output, 2)  # (B, T, V)
     return output
+
+
+def mod_blocks(mask_mod, batch, heads, length, key_length, block):
+    """The block map of `mask_mod` (see `plan.mod_blocks`) on a grid of
+    `batch` rows, `heads` heads, `length` queries and `key_length` keys,
+    in blocks of `block`."""
+    structure = Structure.from_args(where="block_mask", mask_mod=mask_mod)
+    return plan_.mod_blocks(structure, batch, heads, length, key_length, block)
 
 
 def with_gradient(plan):

@@ -15,6 +15,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention._core import large_negative
+from keras_attention._core.mods import BlockTable
 from keras_attention._core.mods import Bound
 from keras_attention._kernels.blockwise import blocks
 
@@ -125,48 +126,35 @@ class Plan:
         return start, end
 
     def _mod_blocks(self):
-        """Each block pair under the mask mod, int32 `(T'/C, S'/C)`:
-        `EMPTY` (no position visible in any row of the batch or head),
-        `FULL` (every position visible) or `PARTIAL`; block pairs outside
-        the structure's ranges are `EMPTY`. Padded positions count as
-        neither: they are hidden in every block they are in."""
-        c, columns = self.block, self.key_blocks
-        cols = ops.arange(columns * c)  # (S',)
-        real_cols = cols < self.key_length
-        # A mod is never called past the last query or key (see
-        # `blocks.real_indices`); those positions do not count.
-        mod_cols = ops.minimum(cols, self.key_length - 1)
-        blocks_ = ops.arange(columns)
-
-        def row(i, table):
-            rows = i * c + ops.arange(c)  # (C,)
-            visible = self.structure.mod_mask(
+        """Each block pair under the mask mod (see `mod_blocks`), with the
+        block pairs outside the structure's ranges `EMPTY`; a `BlockTable`
+        of the call's sizes gives its own."""
+        mod = self.structure.mask_mod
+        if isinstance(mod, BlockTable) and mod.fits(
+            self.length, self.key_length, self.block
+        ):
+            table = ops.convert_to_tensor(mod.blocks)
+        else:
+            table = mod_blocks(
+                self.structure,
                 self.batch,
                 self.heads,
-                ops.minimum(rows, self.length - 1),
-                mod_cols,
-            )  # (B|1, N|1, C|1, S'|1)
-            real = ops.logical_and((rows < self.length)[:, None], real_cols)
-            shape = (*ops.shape(visible)[:2], c, columns * c)
-            visible = ops.broadcast_to(visible, shape)
-            seen = ops.reshape(
-                ops.logical_and(visible, real), (-1, c, columns, c)
+                self.length,
+                self.key_length,
+                self.block,
             )
-            whole = ops.reshape(
-                ops.logical_or(visible, ops.logical_not(real)),
-                (-1, c, columns, c),
-            )
-            kinds = ops.where(
-                ops.all(whole, axis=(0, 1, 3)),
-                FULL,
-                ops.where(ops.any(seen, axis=(0, 1, 3)), PARTIAL, EMPTY),
-            )  # (S'/C,)
-            start, end = self.key_range(i, self.tensors)
-            inside = ops.logical_and(blocks_ >= start, blocks_ < end)
-            kinds = ops.cast(ops.where(inside, kinds, EMPTY), "int32")
-            return ops.slice_update(table, (i, 0), kinds[None])
+        if not (self.structure.has_band or self.structure.has_segments):
+            return table
+        columns = ops.arange(self.key_blocks)
 
-        table = ops.zeros((self.query_blocks, columns), "int32")
+        def row(i, table):
+            start, end = self.key_range(i, self.tensors)
+            inside = ops.logical_and(columns >= start, columns < end)
+            kinds = ops.where(inside, ops.take(table, i, axis=0), EMPTY)
+            return ops.slice_update(
+                table, (i, 0), ops.cast(kinds, "int32")[None]
+            )
+
         return blocks.fori_loop(0, self.query_blocks, row, table)
 
     def _segment_reach(self, query_ids, key_ids):
@@ -245,6 +233,42 @@ class Tensors(NamedTuple):
 
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def mod_blocks(structure, batch, heads, length, key_length, block):
+    """Each block pair of `block` rows under the mask mod of `structure`,
+    int32 `(T'/C, S'/C)`: `EMPTY` (no position visible in any row of the
+    batch or head), `FULL` (every position visible) or `PARTIAL`.
+    Padded positions count as neither: they are hidden in every block
+    they are in, and a mod is never called on them (see
+    `blocks.real_indices`)."""
+    c = block
+    query_blocks, columns = -(-length // c), -(-key_length // c)
+    cols = ops.arange(columns * c)  # (S',)
+    real_cols = cols < key_length
+    mod_cols = ops.minimum(cols, key_length - 1)
+
+    def row(i, table):
+        rows = i * c + ops.arange(c)  # (C,)
+        visible = structure.mod_mask(
+            batch, heads, ops.minimum(rows, length - 1), mod_cols
+        )  # (B|1, N|1, C|1, S'|1)
+        real = ops.logical_and((rows < length)[:, None], real_cols)
+        visible = ops.broadcast_to(
+            visible, (*ops.shape(visible)[:2], c, columns * c)
+        )
+        grid = (-1, c, columns, c)
+        seen = ops.reshape(ops.logical_and(visible, real), grid)
+        whole = ops.reshape(ops.logical_or(visible, ~real), grid)
+        kinds = ops.where(
+            ops.all(whole, axis=(0, 1, 3)),
+            FULL,
+            ops.where(ops.any(seen, axis=(0, 1, 3)), PARTIAL, EMPTY),
+        )  # (S'/C,)
+        return ops.slice_update(table, (i, 0), ops.cast(kinds, "int32")[None])
+
+    table = ops.zeros((query_blocks, columns), "int32")
+    return blocks.fori_loop(0, query_blocks, row, table)
 
 
 def block_lists(table):
