@@ -6,9 +6,10 @@ JAX and PyTorch.
 
 The submodules `functional`, `mods`, `decoding` and `convert` are
 imported with the package; `datasets` and `visualization`, which serve
-optional extras, are imported on first use (`keras_attention.visualization.plot_attention(
-...)`). The package imports without matplotlib, Babel, num2words or
-keras-hub; only the functions that need one of them ask for it.
+optional extras, are imported on first use
+(`keras_attention.visualization.plot_attention(...)`). The package
+imports without matplotlib, Babel, num2words or keras-hub; only the
+functions that need one of them ask for it.
 """
 
 import importlib as _importlib

@@ -39,9 +39,18 @@ from keras_attention._core.structure import window as check_window
 _PACKAGE = "keras_attention"
 
 
+class _Configured:
+    """A mod made again from its config (`keras.saving`)."""
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class _Causal:
+class _Causal(_Configured):
     def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = _tensors(batch, head, q_idx, kv_idx)
         return kv_idx <= q_idx
 
     def get_config(self):
@@ -71,12 +80,13 @@ def causal():
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class _SlidingWindow:
+class _SlidingWindow(_Configured):
     def __init__(self, window):
         self.window = window
         self.left, self.right = check_window("sliding_window", window)
 
     def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = _tensors(batch, head, q_idx, kv_idx)
         return ops.logical_and(
             kv_idx >= q_idx - self.left, kv_idx <= q_idx + self.right
         )
@@ -123,6 +133,7 @@ class _Document:
         self.query_ids, self.key_ids = query_ids, key_ids
 
     def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = _tensors(batch, head, q_idx, kv_idx)
         query = _gather_rows(self.query_ids, batch, q_idx)
         key = _gather_rows(self.key_ids, batch, kv_idx)
         return ops.logical_and(ops.equal(query, key), ops.not_equal(key, 0))
@@ -189,6 +200,7 @@ class _PrefixLM:
         self.prefix_lengths = prefix_lengths
 
     def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = _tensors(batch, head, q_idx, kv_idx)
         prefix = ops.take(self.prefix_lengths, batch)  # (B, 1, 1, 1)
         return ops.logical_or(kv_idx < prefix, kv_idx <= q_idx)
 
@@ -225,11 +237,12 @@ def prefix_lm(prefix_lengths):
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class _Chunked:
+class _Chunked(_Configured):
     def __init__(self, chunk_size):
         self.chunk_size = _positive_int("chunked", "chunk_size", chunk_size)
 
     def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = _tensors(batch, head, q_idx, kv_idx)
         size = self.chunk_size
         return ops.equal(q_idx // size, kv_idx // size)
 
@@ -269,11 +282,12 @@ def chunked(chunk_size: int):
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class _SinkTokens:
+class _SinkTokens(_Configured):
     def __init__(self, num_sinks):
         self.num_sinks = _positive_int("sink_tokens", "num_sinks", num_sinks)
 
     def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = _tensors(batch, head, q_idx, kv_idx)
         return kv_idx < self.num_sinks + ops.zeros_like(q_idx)
 
     def get_config(self):
@@ -317,6 +331,7 @@ class _Combined:
         self.mods, self.conjunction = list(mods), conjunction
 
     def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = _tensors(batch, head, q_idx, kv_idx)
         combine = ops.logical_and if self.conjunction else ops.logical_or
         result = None
         for mod in self.mods:
@@ -393,7 +408,7 @@ def or_masks(*mods):
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class _SoftCap:
+class _SoftCap(_Configured):
     def __init__(self, cap):
         if isinstance(cap, bool) or not (
             isinstance(cap, (int, float)) and 0 < cap < math.inf
@@ -405,6 +420,9 @@ class _SoftCap:
         self.cap = float(cap)
 
     def __call__(self, score, batch, head, q_idx, kv_idx):
+        score, batch, head, q_idx, kv_idx = _tensors(
+            score, batch, head, q_idx, kv_idx
+        )
         return self.cap * ops.tanh(score / self.cap)
 
     def get_config(self):
@@ -434,12 +452,15 @@ def soft_cap(cap: float):
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class _Alibi:
+class _Alibi(_Configured):
     def __init__(self, num_heads):
         self.num_heads = _positive_int("alibi", "num_heads", num_heads)
         self.slopes = np.asarray(alibi_slopes(self.num_heads), "float32")
 
     def __call__(self, score, batch, head, q_idx, kv_idx):
+        score, batch, head, q_idx, kv_idx = _tensors(
+            score, batch, head, q_idx, kv_idx
+        )
         _check_heads("alibi", "num_heads", self.num_heads, head)
         slopes = ops.take(ops.convert_to_tensor(self.slopes), head)
         distance = ops.cast(ops.abs(q_idx - kv_idx), score.dtype)
@@ -483,6 +504,9 @@ class _RelativePositionBias:
         self.bidirectional = bidirectional
 
     def __call__(self, score, batch, head, q_idx, kv_idx):
+        score, batch, head, q_idx, kv_idx = _tensors(
+            score, batch, head, q_idx, kv_idx
+        )
         heads = self.table.shape[1]
         _check_heads("relative_position_bias", "table", heads, head)
         bucket = relative_position_bucket(
@@ -648,6 +672,7 @@ class BlockMask(BlockTable):
         )
 
     def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = _tensors(batch, head, q_idx, kv_idx)
         return self.mask_mod(batch, head, q_idx, kv_idx)
 
     def __repr__(self):
@@ -711,6 +736,12 @@ def block_mask(
         )
     ]
     return BlockMask(mask_mod, *sizes)
+
+
+def _tensors(*xs):
+    """A mod called by hand (on NumPy arrays or ints) computes in tensors,
+    as it does on every path."""
+    return [ops.convert_to_tensor(x) for x in xs]
 
 
 def _gather_rows(ids, batch, index):

@@ -132,11 +132,22 @@ def _numpy(x):
 
 
 def np_sdpa_grads(
-    q, k, v, mask, causal, cotangent, scale=None, soft_cap=None, bias=None
+    q,
+    k,
+    v,
+    mask,
+    causal,
+    cotangent,
+    scale=None,
+    soft_cap=None,
+    bias=None,
+    bias_grad=False,
 ):
     """Float64 reference: output of attention and the gradients of
     `Σ cotangent · output` w.r.t. `q`, `k`, `v` (3-D, 4-D, grouped), with
-    an optional logit soft cap and additive bias `(N, T, S)`."""
+    an optional logit soft cap and additive bias `(N, T, S)` or
+    `(B, N, T, S)`; with `bias_grad`, also the gradient of the bias
+    `(B, N, T, S)`."""
     q, k, v, dout = (np.asarray(x, "float64") for x in (q, k, v, cotangent))
     single = q.ndim == 3
     if single:
@@ -150,6 +161,7 @@ def np_sdpa_grads(
     dweights = np.einsum("btnv,bsnv->bnts", dout, vr)
     dvr = np.einsum("bnts,btnv->bsnv", weights, dout)
     dlogits = weights * (dweights - (weights * dweights).sum(-1, keepdims=True))
+    dbias = dlogits
     if soft_cap is not None:  # through the cap's tanh
         raw = np.einsum("btnh,bsnh->bnts", q, kr) * scale
         dlogits = dlogits * (1.0 - np.tanh(raw / soft_cap) ** 2)
@@ -157,9 +169,10 @@ def np_sdpa_grads(
     dkr = np.einsum("bnts,btnh->bsnh", dlogits, q) * scale
     dk = dkr.reshape(batch, s, kv_heads, groups, h).sum(3)
     dv = dvr.reshape(batch, s, kv_heads, groups, -1).sum(3)
+    extra = (dbias,) if bias_grad else ()
     if single:
-        return out[:, :, 0], dq[:, :, 0], dk[:, :, 0], dv[:, :, 0]
-    return out, dq, dk, dv
+        return out[:, :, 0], dq[:, :, 0], dk[:, :, 0], dv[:, :, 0], *extra
+    return out, dq, dk, dv, *extra
 
 
 # Largest errors seen against the float64 reference, per (what, dtype):

@@ -99,6 +99,67 @@ def np_structure_mask(
     return visible
 
 
+def np_mask_mod(spec, batch, heads, t, s):
+    """Reference `(B, N, T, S)` visibility of a mask mod of
+    `keras_attention.mods`, written position by position. `spec` is
+    `(name, argument)`, or `("and" | "or", [specs])`."""
+    visible = np.zeros((batch, heads, t, s), bool)
+    for b in range(batch):
+        for n in range(heads):
+            for i in range(t):
+                for j in range(s):
+                    visible[b, n, i, j] = _np_sees(spec, b, n, i, j)
+    return visible
+
+
+def _np_sees(spec, b, n, i, j):
+    name, argument = spec
+    if name == "and":
+        return all(_np_sees(x, b, n, i, j) for x in argument)
+    if name == "or":
+        return any(_np_sees(x, b, n, i, j) for x in argument)
+    if name == "causal":
+        return j <= i
+    if name == "sliding_window":
+        if isinstance(argument, int):
+            return i - argument < j <= i
+        left, right = argument
+        return i - left <= j <= i + right
+    if name == "document":
+        query_ids, key_ids = argument
+        return key_ids[b][j] != 0 and query_ids[b][i] == key_ids[b][j]
+    if name == "prefix_lm":
+        return j < argument[b] or j <= i
+    if name == "chunked":
+        return i // argument == j // argument
+    if name == "sink_tokens":
+        return j < argument
+    raise ValueError(name)
+
+
+def np_t5_bucket(relative_position, num_buckets, max_distance, bidirectional):
+    """T5's relative position bucket of one `kv_idx - q_idx`, as written in
+    Raffel et al.'s code (Mesh TensorFlow), for one position."""
+    bucket, n = 0, -relative_position
+    if bidirectional:
+        num_buckets //= 2
+        bucket += num_buckets if n < 0 else 0
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    exact = num_buckets // 2
+    if n < exact:
+        return bucket + n
+    large = exact + int(
+        np.float32(
+            np.log(np.float32(n) / np.float32(exact))
+            / np.float32(np.log(max_distance / exact))
+            * (num_buckets - exact)
+        )
+    )
+    return bucket + min(large, num_buckets - 1)
+
+
 def np_alibi_bias(num_heads, t, s, offset=0):
     """`(N, T, S)`: `-m_n |i + offset - j|`, slopes written out as in
     Press et al. 2022 (powers of two; other counts interleave)."""
