@@ -113,7 +113,9 @@ class Bound:
     def __init__(self, mod):
         self.mod = mod
         self.variables, self._tensors = _reachable(mod)
-        values = [ops.convert_to_tensor(v) for v in self.variables]
+        # A read of each variable (on TensorFlow, converting a variable
+        # gives the variable itself, which a custom gradient refuses).
+        values = [ops.copy(v) for v in self.variables]
         self.held = values + self._tensors
         self.floating = ["float" in _dtype(x) for x in self.held]
 

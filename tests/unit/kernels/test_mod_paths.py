@@ -1,0 +1,414 @@
+"""Every path of `scaled_dot_product_attention` with a mask mod or a
+score mod gives the float64 NumPy reference's outputs and gradients: of
+the query, key and value, and of the tensors and Keras variables a score
+mod holds. The mods themselves are checked in `tests/unit/mods`.
+
+The blockwise path runs in blocks of 3 over 8 queries and 10 keys, so
+that every kind of block pair (empty, partial, full, padded) occurs.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attention import functional as F
+from keras_attention import mods
+from tests.autodiff import SMALL_CHUNK
+from tests.autodiff import assert_close
+from tests.autodiff import cotangents
+from tests.autodiff import np_sdpa_grads
+from tests.autodiff import path_context
+from tests.autodiff import value_and_grads
+from tests.helpers import np_alibi_bias
+from tests.helpers import np_mask_mod
+from tests.helpers import np_structure_mask
+from tests.helpers import np_t5_bucket
+from tests.helpers import rng
+
+B, T, S = 2, 8, 10
+LAYOUTS = {  # query shape, key shape, value dim
+    "3d": ((B, T, 4), (B, S, 4), 3),
+    "gqa": ((B, T, 4, 4), (B, S, 2, 4), 3),
+}
+QUERY_IDS = np.array([[1, 1, 1, 2, 2, 2, 2, 3], [4, 4, 4, 4, 4, 5, 5, 5]])
+KEY_IDS = np.array(
+    [[1, 1, 1, 2, 2, 2, 2, 3, 3, 0], [4, 4, 4, 4, 4, 5, 5, 5, 5, 5]]
+)
+PREFIX = np.array([3, 0])
+PATHS = ("reference", "chunked", "fused")
+
+
+def per_head(batch, head, q_idx, kv_idx):
+    """A pattern of its own in each row of the batch and head."""
+    return (q_idx + kv_idx + head + 2 * batch) % 4 != 0
+
+
+def np_per_head(heads):
+    b, n, i, j = np.ix_(range(B), range(heads), range(T), range(S))
+    return (i + j + n + 2 * b) % 4 != 0
+
+
+MASK_MODS = {  # name: (mod, NumPy spec or a function of the head count)
+    "causal": (mods.causal(), ("causal", None)),
+    "window 3": (mods.sliding_window(3), ("sliding_window", 3)),
+    "window (2, 1)": (mods.sliding_window((2, 1)), ("sliding_window", (2, 1))),
+    "document": (
+        mods.document((QUERY_IDS, KEY_IDS)),
+        ("document", (QUERY_IDS, KEY_IDS)),
+    ),
+    "prefix_lm": (mods.prefix_lm(PREFIX), ("prefix_lm", PREFIX)),
+    "chunked": (mods.chunked(4), ("chunked", 4)),
+    "sinks or window": (
+        mods.or_masks(mods.sink_tokens(2), mods.sliding_window(2)),
+        ("or", [("sink_tokens", 2), ("sliding_window", 2)]),
+    ),
+    "causal chunks": (
+        mods.and_masks(mods.causal(), mods.chunked(3)),
+        ("and", [("causal", None), ("chunked", 3)]),
+    ),
+    "per batch and head": (per_head, np_per_head),
+    "block mask": (
+        mods.block_mask(mods.causal(), 1, 1, T, S, block_size=SMALL_CHUNK),
+        ("causal", None),
+    ),
+}
+
+
+def inputs(layout, seed=0):
+    q_shape, k_shape, value_dim = LAYOUTS[layout]
+    generator = rng(seed)
+    q = generator.standard_normal(q_shape).astype("float32")
+    k = generator.standard_normal(k_shape).astype("float32")
+    v = generator.standard_normal((*k_shape[:-1], value_dim)).astype("float32")
+    # Example 0 has two padded keys; one query of example 1 sees none.
+    mask = np.arange(S)[None, None, :] < np.array([S - 2, S])[:, None, None]
+    mask = np.broadcast_to(mask, (B, T, S)).copy()
+    mask[1, 2] = False
+    return q, k, v, mask
+
+
+def heads_of(q):
+    return 1 if q.ndim == 3 else q.shape[2]
+
+
+def np_visible(spec, q, mask, **structure):
+    """The reference `(B, N, T, S)` visibility of a case."""
+    heads = heads_of(q)
+    visible = (
+        spec(heads) if callable(spec) else np_mask_mod(spec, B, heads, T, S)
+    )
+    visible = visible & np_structure_mask(B, T, S, **structure)[:, None]
+    return visible & mask[:, None]
+
+
+def attention(path, dtype, mask, mask_mod, score_mod=None, **structure):
+    """`fn(q, k, v, *held)` on `path` in `dtype`; `score_mod(*held)` makes
+    the score mod from the tensors it will hold."""
+
+    def fn(q, k, v, *held):
+        with path_context(path):
+            return F.scaled_dot_product_attention(
+                *(ops.cast(x, dtype) for x in (q, k, v)),
+                mask=mask,
+                mask_mod=mask_mod,
+                score_mod=None if score_mod is None else score_mod(*held),
+                **structure,
+            )
+
+    return fn
+
+
+def run_cases(cases, arrays, variables=(), copies=False):
+    """Outputs and gradients of every `(what, fn)` case on the same
+    inputs, in one differentiated program; with `copies`, every case gets
+    the same cotangents (cases that must agree with each other)."""
+    count = len(arrays)
+
+    def every_case(*xs):
+        return [
+            fn(*xs[count * i : count * (i + 1)])
+            for i, (_, fn) in enumerate(cases)
+        ]
+
+    outputs, grads, variable_grads = value_and_grads(
+        every_case,
+        list(arrays) * len(cases),
+        variables,
+        copies=len(cases) if copies else 1,
+    )
+    seeds = cotangents([o.shape for o in outputs])
+    return outputs, grads, variable_grads, seeds
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", list(MASK_MODS))
+def test_mask_mod_paths_equal_float64_reference(name, layout):
+    """Each mask mod with a padding mask (and a query that sees no key),
+    on every path: outputs and q, k, v gradients."""
+    q, k, v, mask = inputs(layout)
+    mod, spec = MASK_MODS[name]
+    cases = [
+        (f"mask mod {path}", "float32", attention(path, "float32", mask, mod))
+        for path in PATHS
+    ]
+    cases.append(
+        (
+            "mask mod chunked",
+            "bfloat16",
+            attention("chunked", "bfloat16", mask, mod),
+        )
+    )
+    check(cases, (q, k, v), np_visible(spec, q, mask))
+
+
+def check(cases, arrays, visible, transform=None, held_grads=None):
+    """Every case against `np_sdpa_grads` with this visibility; with
+    `held_grads(dbias)`, the gradients of the tensors the score mod
+    holds too."""
+    q, k, v = arrays[:3]
+    outputs, grads, _, seeds = run_cases(
+        [(what, fn) for what, _, fn in cases], arrays
+    )
+    count = len(arrays)
+    for i, (what, dtype, _) in enumerate(cases):
+        *want, dbias = np_sdpa_grads(
+            q,
+            k,
+            v,
+            visible,
+            False,
+            seeds[i],
+            bias_grad=True,
+            **(transform or {}),
+        )
+        names = ["q", "k", "v"]
+        if held_grads is not None:
+            want += held_grads(dbias)
+            names += [f"held {n}" for n in range(count - 3)]
+        assert_close(
+            what,
+            dtype,
+            [outputs[i]],
+            grads[count * i : count * (i + 1)],
+            want[:1],
+            want[1:],
+            names,
+        )
+
+
+@pytest.mark.parametrize(
+    "name, structure",
+    [
+        ("prefix_lm", {"is_causal": True}),
+        ("chunked", {"sliding_window": 3, "segment_ids": (QUERY_IDS, KEY_IDS)}),
+        ("sinks or window", {"is_causal": "bottom_right"}),
+    ],
+)
+def test_mask_mods_combine_with_the_structure_arguments(name, structure):
+    q, k, v, mask = inputs("gqa")
+    mod, spec = MASK_MODS[name]
+    cases = [
+        (
+            f"mask mod + structure {path}",
+            "float32",
+            attention(path, "float32", mask, mod, **structure),
+        )
+        for path in (*PATHS, "symbolic")
+        if path != "symbolic" or "segment_ids" not in structure
+    ]
+    check(cases, (q, k, v), np_visible(spec, q, mask, **structure))
+
+
+def relative_bias(table):
+    return mods.relative_position_bias(table, num_buckets=8, max_distance=6)
+
+
+def np_relative_bias(table, heads):
+    bias = np.zeros((B, heads, T, S))
+    for i in range(T):
+        for j in range(S):
+            bias[:, :, i, j] = table[np_t5_bucket(j - i, 8, 6, True)]
+    return bias
+
+
+def np_table_grads(dbias):
+    grads = np.zeros((8, dbias.shape[1]))
+    for i in range(T):
+        for j in range(S):
+            bucket = np_t5_bucket(j - i, 8, 6, True)
+            grads[bucket] += dbias[:, :, i, j].sum(0)
+    return [grads]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_relative_position_bias_and_its_table_gradients(layout):
+    """T5's bias with a mask mod: the table's gradients are summed block
+    by block on the blockwise path and equal the reference's."""
+    q, k, v, mask = inputs(layout)
+    heads = heads_of(q)
+    table = rng(1).standard_normal((8, heads)).astype("float32")
+    mod, spec = MASK_MODS["sinks or window"]
+    cases = [
+        (
+            f"relative bias {path}",
+            "float32",
+            attention(path, "float32", mask, mod, relative_bias),
+        )
+        for path in PATHS
+    ]
+    check(
+        cases,
+        (q, k, v, table),
+        np_visible(spec, q, mask),
+        {"bias": np_relative_bias(table, heads)},
+        np_table_grads,
+    )
+
+
+@pytest.mark.parametrize("name", ["soft cap", "alibi"])
+def test_built_in_score_mods_equal_their_arguments(name):
+    """`mods.soft_cap` and `mods.alibi` give what `logit_soft_cap` and
+    `alibi=True` give (top-left), on every path."""
+    q, k, v, mask = inputs("gqa")
+    heads = heads_of(q)
+    score_mod = (
+        (lambda: mods.soft_cap(2.0))
+        if name == "soft cap"
+        else (lambda: mods.alibi(heads))
+    )
+    transform = (
+        {"soft_cap": 2.0}
+        if name == "soft cap"
+        else {"bias": np_alibi_bias(heads, T, S)}
+    )
+    cases = [
+        (
+            f"{name} mod {path}",
+            dtype,
+            attention(path, dtype, mask, None, score_mod),
+        )
+        for path in PATHS
+        for dtype in ("float32", "bfloat16")
+    ]
+    check(
+        cases,
+        (q, k, v),
+        np.broadcast_to(mask[:, None], (B, heads, T, S)),
+        transform,
+    )
+
+
+def test_score_mod_variables_get_gradients_on_every_path():
+    """A score mod that closes over a Keras variable (a learned scale per
+    head) and a tensor: both get the reference's gradients, with a mask
+    mod, segment ids, the soft cap and ALiBi applied after it."""
+    q, k, v, mask = inputs("gqa")
+    heads = heads_of(q)
+    generator = rng(2)
+    scale = keras.Variable(
+        (1.0 + 0.3 * generator.standard_normal(heads)).astype("float32")
+    )
+    shift = generator.standard_normal(heads).astype("float32")
+
+    def score_mod(shift):
+        def mod(score, batch, head, q_idx, kv_idx):
+            return score * ops.take(scale, head) + ops.take(shift, head)
+
+        return mod
+
+    mod, _ = MASK_MODS["per batch and head"]
+    structure = {
+        "segment_ids": (QUERY_IDS, KEY_IDS),
+        "logit_soft_cap": 3.0,
+        "alibi": True,
+    }
+    fns = [
+        attention(path, "float32", mask, mod, score_mod, **structure)
+        for path in PATHS
+    ]
+    outputs, grads, variable_grads, _ = run_cases(
+        [(p, fn) for p, fn in zip(PATHS, fns, strict=True)],
+        (q, k, v, shift),
+        [scale],
+        copies=True,
+    )
+    # The reference path against itself in float64 is the NumPy test
+    # above; here every path must give its outputs and gradients.
+    names = ["q", "k", "v", "shift"]
+    for i, path in enumerate(PATHS[1:], start=1):
+        assert_close(
+            f"score mod variable {path}",
+            "float32",
+            [outputs[i]],
+            grads[4 * i : 4 * i + 4],
+            [outputs[0]],
+            grads[:4],
+            names,
+        )
+    assert np.abs(variable_grads[0]).max() > 1e-3
+    # One variable, three paths: its gradient is the sum of three equal
+    # contributions, each the reference's.
+    reference_only = run_cases([(PATHS[0], fns[0])], (q, k, v, shift), [scale])
+    np.testing.assert_allclose(
+        variable_grads[0], 3 * reference_only[2][0], rtol=1e-4, atol=1e-5
+    )
+
+
+def test_hidden_keys_get_exactly_zero_gradients():
+    """Keys that a mask mod hides from every query get gradients of
+    exactly 0 on every path, also through a score mod."""
+    q, k, v, _ = inputs("gqa")
+
+    def hides_two(batch, head, q_idx, kv_idx):
+        return (kv_idx != 2) & (kv_idx != 7)
+
+    cases = [
+        (path, attention(path, "float32", None, hides_two, relative_bias))
+        for path in PATHS
+    ]
+    table = rng(3).standard_normal((8, heads_of(q))).astype("float32")
+    _, grads, _, _ = run_cases(cases, (q, k, v, table))
+    for i in range(len(PATHS)):
+        for grad in grads[4 * i + 1 : 4 * i + 3]:  # key, value
+            assert np.all(grad[:, [2, 7]] == 0.0)
+            assert np.abs(grad).max() > 0
+
+
+@pytest.mark.parametrize(
+    "mod, message",
+    [
+        (
+            lambda b, h, q, k: ops.cast(q >= k, "float32"),
+            "must return booleans",
+        ),
+        (lambda b, h, q, k: ops.ones((3, 3), "bool"), "must return booleans"),
+        ("causal", "`mask_mod` must be a callable"),
+    ],
+)
+def test_bad_mask_mods_raise(mod, message):
+    q, k, v, _ = inputs("gqa")
+    with pytest.raises(
+        ValueError, match=f"scaled_dot_product_attention: .*{message}"
+    ):
+        F.scaled_dot_product_attention(q, k, v, mask_mod=mod)
+
+
+@pytest.mark.parametrize(
+    "mod, message",
+    [
+        (lambda s, b, h, q, k: s[..., :1], "must return float logits"),
+        (lambda s, b, h, q, k: q >= k, "must return float logits"),
+        (3.0, "`score_mod` must be a callable"),
+    ],
+)
+def test_bad_score_mods_raise(mod, message):
+    q, k, v, _ = inputs("gqa")
+    for path in ("reference", "chunked"):
+        with (
+            path_context(path),
+            pytest.raises(
+                ValueError, match=f"scaled_dot_product_attention: .*{message}"
+            ),
+        ):
+            F.scaled_dot_product_attention(q, k, v, score_mod=mod)
