@@ -740,8 +740,14 @@ def block_mask(
 
 def _tensors(*xs):
     """A mod called by hand (on NumPy arrays or ints) computes in tensors,
-    as it does on every path."""
-    return [ops.convert_to_tensor(x) for x in xs]
+    as it does on every path: its indices int32."""
+    tensors = [ops.convert_to_tensor(x) for x in xs]
+    return [
+        ops.cast(x, "int32")
+        if "int" in keras.backend.standardize_dtype(x.dtype)
+        else x
+        for x in tensors
+    ]
 
 
 def _gather_rows(ids, batch, index):

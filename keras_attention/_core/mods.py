@@ -304,3 +304,60 @@ def _same(shape, expected):
         a == b or a is None or b is None
         for a, b in zip(shape, expected, strict=True)
     )
+
+
+class Positioned:
+    """A mod called with sequence positions instead of tensor indices:
+    query `i` at position `query_start + i`, key `j` at `key_start + j`
+    (a cached step; a rolling cache's empty slots, before position 0, are
+    given position 0, and are hidden anyway)."""
+
+    def __init__(self, mod, query_start, key_start):
+        self.mod = mod
+        self.query_start, self.key_start = query_start, key_start
+
+    def __call__(self, *args):
+        *rest, q_idx, kv_idx = args
+        q_idx = q_idx + ops.cast(self.query_start, "int32")
+        kv_idx = ops.maximum(kv_idx + ops.cast(self.key_start, "int32"), 0)
+        return self.mod(*rest, q_idx, kv_idx)
+
+
+def positioned(mod, query_start=None, key_start=None):
+    """`mod` at sequence positions (see `Positioned`); as it is when both
+    starts are `None` or 0."""
+    if mod is None or all(
+        start is None or (isinstance(start, int) and start == 0)
+        for start in (query_start, key_start)
+    ):
+        return mod
+    return Positioned(mod, query_start or 0, key_start or 0)
+
+
+class Chained:
+    """Score mods applied one after the other."""
+
+    def __init__(self, mods):
+        self.mods = list(mods)
+
+    def __call__(self, score, *indices):
+        for mod in self.mods:
+            score = mod(score, *indices)
+        return score
+
+
+def chained(*mods):
+    """The score mods that are not `None`, one after the other (or the
+    only one, or `None`)."""
+    mods = [m for m in mods if m is not None]
+    if len(mods) <= 1:
+        return mods[0] if mods else None
+    return Chained(mods)
+
+
+def as_mod(mod):
+    """A Keras layer is called through its `call` (its inputs stay
+    float32 under a mixed-precision policy); any other mod as it is."""
+    if isinstance(mod, keras.Layer):
+        return mod.call
+    return mod

@@ -56,6 +56,9 @@ class CrossAttention(MultiHeadCore):
             `cap * tanh(logits / cap)`. Defaults to `None`.
         use_qk_norm: RMS-normalise each head's queries and keys
             (see `MultiHeadSelfAttention`). Defaults to `False`.
+        score_mod: A score mod applied to every call's logits (see
+            `MultiHeadSelfAttention`), a callable or a Keras layer, which is
+            then tracked, trained and saved. Defaults to `None`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
@@ -74,6 +77,11 @@ class CrossAttention(MultiHeadCore):
             source_ids (B, S))`. Packed pairs of sequences: a query attends only
             to the source positions of its own id; id `0` is padding. Defaults
             to `None`.
+        mask_mod (Callable | None): A mask mod for this call (see
+            `keras_attention.mods`); `q_idx` indexes the queries, `kv_idx`
+            the source. Defaults to `None`.
+        score_mod (Callable | None): A score mod for this call, applied
+            after the layer's own. Defaults to `None`.
         training (bool): Whether dropout is active.
 
     Returns:
@@ -111,6 +119,8 @@ class CrossAttention(MultiHeadCore):
         cache=None,
         return_attention_scores: bool = False,
         segment_ids=None,
+        mask_mod=None,
+        score_mod=None,
         training=None,
     ):
         batch, length = query.shape[0], query.shape[1]
@@ -146,6 +156,8 @@ class CrossAttention(MultiHeadCore):
             return_attention_scores=return_attention_scores,
             training=training,
             segment_ids=segment_ids,
+            mask_mod=mask_mod,
+            score_mod=score_mod,
         )
         if return_attention_scores:
             return outputs, scores
@@ -169,6 +181,8 @@ class CrossAttention(MultiHeadCore):
         cache=None,
         return_attention_scores=False,
         segment_ids=None,
+        mask_mod=None,
+        score_mod=None,
         training=None,
     ):
         outputs = keras.KerasTensor(query.shape, dtype=self.compute_dtype)

@@ -10,6 +10,7 @@ from keras_attention import _core
 from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention._core import Structure
+from keras_attention._core import mods as mods_
 from keras_attention.layers import checks
 from keras_attention.layers import sublayers
 from keras_attention.layers.sublayers import LoraMixin
@@ -48,9 +49,13 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         alibi: bool = False,
         logit_soft_cap: float | None = None,
         use_qk_norm: bool = False,
+        score_mod=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if isinstance(score_mod, dict):  # from a config
+            score_mod = keras.saving.deserialize_keras_object(score_mod)
+        self.score_mod = mods_.check_mod(self._where(), "score_mod", score_mod)
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim
@@ -99,6 +104,11 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
                 "alibi": self.alibi,
                 "logit_soft_cap": self.logit_soft_cap,
                 "use_qk_norm": self.use_qk_norm,
+                "score_mod": (
+                    None
+                    if self.score_mod is None
+                    else keras.saving.serialize_keras_object(self.score_mod)
+                ),
             }
         )
         return sublayers.dtype_config(self, config)
@@ -222,6 +232,8 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         if self.use_qk_norm:
             self.query_norm = self._rms_norm("query_norm", (None, None, n, h))
             self.key_norm = self._rms_norm("key_norm", (None, None, k, h))
+        if isinstance(self.score_mod, keras.Layer) and not self.score_mod.built:
+            self.score_mod.build((None, n, None, None))  # the scores
         self.attention_dropout = keras.layers.Dropout(
             self.dropout,
             dtype=policy_for(self, "attention_dropout"),
@@ -291,15 +303,23 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         training=None,
         segment_ids=None,
         offset=None,
+        mask_mod=None,
+        score_mod=None,
+        starts=(None, None),
     ):
         """Attention over heads and the output projection, with the
-        layer's structure (window, ALiBi, soft cap); with `offset`, the
-        queries stand at positions `offset + i` among the keys (a
-        static-size KV cache).
+        layer's structure (window, ALiBi, soft cap, its score mod, then
+        the call's); with `offset`, the queries stand at positions
+        `offset + i` among the keys (a static-size KV cache). The mods see
+        query `i` at position `starts[0] + i` and key `j` at `starts[1] +
+        j` (a cached step).
 
         Returns `(outputs, scores)`, scores `(B, N, T, S)` or `None`.
         """
         scores = None
+        mods_.check_mod(self._where(), "mask_mod", mask_mod)
+        mods_.check_mod(self._where(), "score_mod", score_mod)
+        score_mod = mods_.chained(mods_.as_mod(self.score_mod), score_mod)
         structure = Structure.of_call(
             self._where(),
             query_heads,
@@ -310,6 +330,8 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             segment_ids=segment_ids,
             alibi=self.alibi,
             logit_soft_cap=self.logit_soft_cap,
+            mask_mod=mods_.positioned(mask_mod, *starts),
+            score_mod=mods_.positioned(score_mod, *starts),
         )
         if self.dropout > 0 and training:
             scores = _core.reference_weights(

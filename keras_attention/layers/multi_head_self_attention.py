@@ -92,6 +92,12 @@ class MultiHeadSelfAttention(MultiHeadCore):
             2020; Dehghani et al. 2023): it bounds the logits and
             steadies training at high learning rates. Defaults to
             `False`.
+        score_mod (Callable | keras.Layer | None): A score mod applied
+            to every call's logits, `score_mod(score, batch, head, q_idx,
+            kv_idx)` (see `keras_attention.mods`), with sequence positions
+            as indices. A Keras layer (`RelativePositionBias`) is tracked:
+            its weights train and are saved with this layer. Defaults to
+            `None`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
@@ -121,6 +127,13 @@ class MultiHeadSelfAttention(MultiHeadCore):
         segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:
             positions attend only within equal ids; id `0` is padding; rotary
             positions restart at each sequence. Not with a `cache`.
+        mask_mod (Callable | None): A mask mod for this call,
+            `mask_mod(batch, head, q_idx, kv_idx) -> bool` (see
+            `keras_attention.mods`), at sequence positions (also in a
+            cached step); combined with every other mask. Defaults to
+            `None`.
+        score_mod (Callable | None): A score mod for this call, applied
+            after the layer's own. Defaults to `None`.
         training (bool): Whether dropout is active.
         mask (Tensor | None): The implicit Keras mask of `inputs`, filled in
             by Keras; not passed by hand.
@@ -181,6 +194,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
         alibi: bool = False,
         logit_soft_cap: float | None = None,
         use_qk_norm: bool = False,
+        score_mod=None,
         **kwargs,
     ):
         super().__init__(
@@ -196,6 +210,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
             alibi=alibi,
             logit_soft_cap=logit_soft_cap,
             use_qk_norm=use_qk_norm,
+            score_mod=score_mod,
             **kwargs,
         )
         self.use_rotary = use_rotary
@@ -232,6 +247,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
         cache=None,
         cache_index=None,
         segment_ids=None,
+        mask_mod=None,
+        score_mod=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -254,6 +271,7 @@ class MultiHeadSelfAttention(MultiHeadCore):
                 use_causal_mask,
                 return_attention_scores,
                 training,
+                (mask_mod, score_mod),
             )
         if padding_mask is None:
             padding_mask = mask if mask is not None else inputs_mask
@@ -278,6 +296,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
             return_attention_scores=return_attention_scores,
             training=training,
             segment_ids=segment_ids,
+            mask_mod=mask_mod,
+            score_mod=score_mod,
         )
         if return_attention_scores:
             return outputs, scores
@@ -299,6 +319,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
         cache=None,
         cache_index=None,
         segment_ids=None,
+        mask_mod=None,
+        score_mod=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -358,9 +380,12 @@ class MultiHeadSelfAttention(MultiHeadCore):
         use_causal_mask,
         return_attention_scores,
         training,
+        mods=(None, None),
     ):
         """One call with a KV cache of either kind (see `kv_cache`): the
-        cache says what the queries attend over and what it becomes."""
+        cache says what the queries attend over and what it becomes. The
+        mods see the queries at positions `cache_index + i` and the keys at
+        their positions (the rolling cache's start at `cache_index - R`)."""
         kind = kv_cache.kind_of(cache, self._where(), self.sliding_window)
         self._check_cache(inputs, kind.tensor, cache_index)
         cache_index = kind.check(
@@ -383,6 +408,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
             return_attention_scores=return_attention_scores,
             training=training,
             offset=view.offset,
+            mask_mod=mods[0],
+            score_mod=mods[1],
+            starts=(cache_index, cache_index - view.offset),
         )
         if return_attention_scores:
             return outputs, scores, view.cache
