@@ -32,6 +32,7 @@ from keras_attention.layers import (
 )
 from keras_attention.layers import PositionalEncoding as PositionalEncoding
 from keras_attention.layers import PositionEmbedding as PositionEmbedding
+from keras_attention.layers import RelativePositionBias as RelativePositionBias
 from keras_attention.layers import RotaryEmbedding as RotaryEmbedding
 from keras_attention.layers import (
     TransformerDecoderBlock as TransformerDecoderBlock,
@@ -52,6 +53,7 @@ __all__ = [
     "MultiHeadSelfAttention",
     "PositionEmbedding",
     "PositionalEncoding",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",

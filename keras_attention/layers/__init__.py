@@ -31,6 +31,9 @@ from keras_attention.layers.position_embedding import (
 from keras_attention.layers.positional_encoding import (
     PositionalEncoding as PositionalEncoding,
 )
+from keras_attention.layers.relative_position_bias import (
+    RelativePositionBias as RelativePositionBias,
+)
 from keras_attention.layers.rotary_embedding import (
     RotaryEmbedding as RotaryEmbedding,
 )

@@ -7,6 +7,7 @@ Shape legend: B batch, T sequence length, D model dim, F intermediate dim.
 import keras
 
 from keras_attention._core import Structure
+from keras_attention._core.mods import check_mod
 from keras_attention.layers import checks
 from keras_attention.layers import sublayers
 from keras_attention.layers.multi_head_self_attention import (
@@ -45,10 +46,14 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         alibi: bool = False,
         logit_soft_cap: float | None = None,
         use_qk_norm: bool = False,
+        score_mod=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         where = self._where()
+        if isinstance(score_mod, dict):  # from a config
+            score_mod = keras.saving.deserialize_keras_object(score_mod)
+        self.score_mod = check_mod(where, "score_mod", score_mod)
         if isinstance(sliding_window, list):  # from a JSON config
             sliding_window = tuple(sliding_window)
         checks.check_positive_int(where, "intermediate_dim", intermediate_dim)
@@ -110,6 +115,11 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
                 "alibi": self.alibi,
                 "logit_soft_cap": self.logit_soft_cap,
                 "use_qk_norm": self.use_qk_norm,
+                "score_mod": (
+                    None
+                    if self.score_mod is None
+                    else keras.saving.serialize_keras_object(self.score_mod)
+                ),
             }
         )
         return sublayers.dtype_config(self, config)
@@ -161,6 +171,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
             alibi=self.alibi,
             logit_soft_cap=self.logit_soft_cap,
             use_qk_norm=self.use_qk_norm,
+            score_mod=self.score_mod,
             dtype=policy_for(self, "self_attention"),
             name="self_attention",
         )

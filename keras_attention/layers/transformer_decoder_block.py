@@ -66,6 +66,10 @@ class TransformerDecoderBlock(TransformerBlockBase):
         use_qk_norm (bool): RMS-normalised queries and keys in the
             self- and cross-attention (see `MultiHeadSelfAttention`).
             Defaults to `False`.
+        score_mod (Callable | keras.Layer | None): A score mod of the
+            self-attention's logits (see `MultiHeadSelfAttention`); a Keras
+            layer such as `RelativePositionBias` is trained and saved with
+            the block. Defaults to `None`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
@@ -96,6 +100,11 @@ class TransformerDecoderBlock(TransformerBlockBase):
             attends only to the source tokens of its own id (packed
             translation pairs). Without it the cross-attention sees the
             whole source row.
+        mask_mod (Callable | None): A mask mod for the self-attention
+            (see `keras_attention.mods`), at sequence positions (also in a
+            cached step). Defaults to `None`.
+        score_mod (Callable | None): A score mod for the self-attention.
+            Defaults to `None`.
         training (bool): Whether dropout is active.
         mask (Tensor | None): Implicit Keras mask of `inputs`,
             filled in by Keras.
@@ -170,6 +179,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
         return_attention_scores: bool = False,
         segment_ids=None,
         encoder_segment_ids=None,
+        mask_mod=None,
+        score_mod=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -201,6 +212,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 cache=self_cache,
                 cache_index=cache_index,
                 segment_ids=segment_ids,
+                mask_mod=mask_mod,
+                score_mod=score_mod,
             ),
             return_attention_scores,
             training,
@@ -244,6 +257,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
         return_attention_scores=False,
         segment_ids=None,
         encoder_segment_ids=None,
+        mask_mod=None,
+        score_mod=None,
         training=None,
         mask=None,
         inputs_mask=None,

@@ -52,6 +52,10 @@ class TransformerEncoderBlock(TransformerBlockBase):
         use_qk_norm (bool): RMS-normalised queries and keys in the
             self-attention (see `MultiHeadSelfAttention`). Defaults to
             `False`.
+        score_mod (Callable | keras.Layer | None): A score mod of the
+            self-attention's logits (see `MultiHeadSelfAttention`); a Keras
+            layer such as `RelativePositionBias` is trained and saved with
+            the block. Defaults to `None`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
@@ -65,6 +69,11 @@ class TransformerEncoderBlock(TransformerBlockBase):
         segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:
             self-attention stays within equal ids; id `0` is padding. Not with a
             `cache`.
+        mask_mod (Callable | None): A mask mod for the self-attention
+            (see `keras_attention.mods`), at sequence positions (also in a
+            cached step). Defaults to `None`.
+        score_mod (Callable | None): A score mod for the self-attention.
+            Defaults to `None`.
         training (bool): Whether dropout is active.
         mask (Tensor | None): The implicit Keras mask, filled in by Keras.
         inputs_mask (Tensor | None): The same, under the name Keras also
@@ -100,6 +109,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
         attention_mask=None,
         return_attention_scores: bool = False,
         segment_ids=None,
+        mask_mod=None,
+        score_mod=None,
         training=None,
         mask=None,
         inputs_mask=None,
@@ -117,6 +128,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
                 attention_mask=attention_mask,
                 return_attention_scores=return_attention_scores,
                 segment_ids=segment_ids,
+                mask_mod=mask_mod,
+                score_mod=score_mod,
                 training=training,
             )
             return result if return_attention_scores else (result, None)
@@ -144,6 +157,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
         attention_mask=None,
         return_attention_scores=False,
         segment_ids=None,
+        mask_mod=None,
+        score_mod=None,
         training=None,
         mask=None,
         inputs_mask=None,

@@ -145,6 +145,23 @@ CASES = {
         seed_generators=1,
         call_kwargs={"use_causal_mask": True},
     ),
+    "self_attention_relative_bias": case(
+        ka.MultiHeadSelfAttention,
+        {
+            "num_heads": 2,
+            "score_mod": keras.saving.serialize_keras_object(
+                ka.RelativePositionBias(
+                    num_buckets=8,
+                    max_distance=4,
+                    embeddings_initializer="random_normal",
+                )
+            ),
+        },
+        (B, T, D),
+        (B, T, D),
+        9,  # 4 projections, kernel and bias; the bias table
+        call_kwargs={"use_causal_mask": True},
+    ),
     "self_attention_gqa_rotary": case(
         ka.MultiHeadSelfAttention,
         {

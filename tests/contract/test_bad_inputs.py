@@ -1011,6 +1011,36 @@ for prefix, (who, make) in POSITION_LAYERS.items():
             ),
         )
 
+CASES.update(
+    {
+        "relative-bias-buckets": (
+            "RelativePositionBias",
+            "num_buckets",
+            lambda: ka.RelativePositionBias(num_buckets=1),
+        ),
+        "relative-bias-distance": (
+            "RelativePositionBias",
+            "max_distance",
+            lambda: ka.RelativePositionBias(max_distance=0.5),
+        ),
+        "self-attention-mask-mod": (
+            "MultiHeadSelfAttention",
+            "mask_mod",
+            lambda: ka.MultiHeadSelfAttention(2)(x(B, T, D), mask_mod="causal"),
+        ),
+        "self-attention-score-mod": (
+            "MultiHeadSelfAttention",
+            "score_mod",
+            lambda: ka.MultiHeadSelfAttention(2, score_mod=1.0),
+        ),
+        "encoder-block-score-mod": (
+            "TransformerEncoderBlock",
+            "score_mod",
+            lambda: ka.TransformerEncoderBlock(2, 8, score_mod="t5"),
+        ),
+    }
+)
+
 
 def our_message(error, who):
     """The library's own line of an error (Keras wraps errors raised in

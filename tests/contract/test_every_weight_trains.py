@@ -171,6 +171,17 @@ def build_model(length, dropout):
     outputs["encoder_block"] = ka.TransformerEncoderBlock(
         **blocks, name="encoder_block"
     )(positioned, padding_mask=padding)
+    # T5's learned bias (a layer given as the score mod), with a mask mod.
+    bias = ka.RelativePositionBias(
+        num_buckets=8, max_distance=4, embeddings_initializer="random_normal"
+    )
+    outputs["encoder_block_relative_bias"] = ka.TransformerEncoderBlock(
+        **blocks, score_mod=bias, name="encoder_block_relative_bias"
+    )(
+        positioned,
+        padding_mask=padding,
+        mask_mod=ka.mods.sliding_window((2, 1)),
+    )
     encoded = ka.PositionalEncoding(name="positional_encoding")(sequence)
     outputs["decoder_only_block"] = ka.TransformerDecoderBlock(
         **blocks, normalize_first=True, name="decoder_only_block"

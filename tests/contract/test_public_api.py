@@ -28,6 +28,7 @@ from keras_attention.layers import luong_attention
 from keras_attention.layers import multi_head_self_attention
 from keras_attention.layers import position_embedding
 from keras_attention.layers import positional_encoding
+from keras_attention.layers import relative_position_bias
 from keras_attention.layers import rotary_embedding
 from keras_attention.layers import sublayers
 from keras_attention.layers import transformer_decoder_block
@@ -69,6 +70,7 @@ LAYER_CLASSES = [
     "MultiHeadSelfAttention",
     "PositionEmbedding",
     "PositionalEncoding",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
@@ -116,6 +118,7 @@ DOCTESTED_MODULES = [
     cross_attention,
     positional_encoding,
     position_embedding,
+    relative_position_bias,
     rotary_embedding,
     sublayers,
     transformer_encoder_block,
