@@ -1,0 +1,166 @@
+"""Mask and score mods in the attention layers and blocks: the same
+numbers as the structure arguments they can replace (outputs and the
+gradients of the inputs and every weight), at sequence positions in
+cached steps of both kinds of cache, and a block mask reused across
+layers and steps. The mods themselves are checked in `tests/unit/mods`,
+their paths in `tests/unit/kernels/test_mod_paths.py`."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_attention as ka
+from keras_attention import mods
+from keras_attention.layers import RollingCache
+from tests.autodiff import assert_close
+from tests.autodiff import path_context
+from tests.autodiff import value_and_grads
+from tests.helpers import rng
+from tests.helpers import to_numpy
+
+B, T, D, N = 2, 7, 8, 2
+H = D // N
+
+
+def pair(mod_arguments, plain_arguments):
+    """Two layers with the same weights: one given mods, one the
+    equivalent arguments."""
+    keras.utils.set_random_seed(0)
+    with_mods = ka.MultiHeadSelfAttention(N, **mod_arguments)
+    plain = ka.MultiHeadSelfAttention(N, **plain_arguments)
+    for layer in (with_mods, plain):
+        layer.build((B, T, D))
+    plain.set_weights(with_mods.get_weights())
+    return with_mods, plain
+
+
+CASES = {  # mod arguments and call, argument form and call
+    "causal": ({}, {"mask_mod": mods.causal()}, {}, {"use_causal_mask": True}),
+    # The layer's mod first, then the call's: the cap, then the bias.
+    "soft cap and alibi": (
+        {"score_mod": mods.soft_cap(2.0)},
+        {"score_mod": mods.alibi(N)},
+        {"alibi": True, "logit_soft_cap": 2.0},
+        {},
+    ),
+    "window": (
+        {},
+        {"mask_mod": mods.and_masks(mods.causal(), mods.sliding_window(3))},
+        {"sliding_window": 3},
+        {"use_causal_mask": True},
+    ),
+}
+
+
+@pytest.mark.parametrize("path", ["reference", "chunked"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_mods_give_what_the_arguments_give(name, path):
+    """Outputs and the gradients of the input and of every weight."""
+    mod_init, mod_call, plain_init, plain_call = CASES[name]
+    with_mods, plain = pair(mod_init, plain_init)
+    x = rng(0).standard_normal((B, T, D)).astype("float32")
+
+    def both(x1, x2):
+        with path_context(path):
+            return with_mods(x1, **mod_call), plain(x2, **plain_call)
+
+    weights = [*with_mods.trainable_weights, *plain.trainable_weights]
+    outputs, grads, weight_grads = value_and_grads(
+        both, [x, x], weights, copies=2
+    )
+    half = len(weight_grads) // 2
+    assert_close(
+        f"layer mods {name}",
+        "float32",
+        outputs[:1],
+        grads[:1] + weight_grads[:half],
+        outputs[1:],
+        grads[1:] + weight_grads[half:],
+        ["x"] + [w.path for w in with_mods.trainable_weights],
+    )
+
+
+def per_position(batch, head, q_idx, kv_idx):
+    """Depends on the positions, so a step must see the right ones."""
+    return (kv_idx <= q_idx) & ((q_idx - kv_idx) % 3 != 2)
+
+
+def distance_bias(score, batch, head, q_idx, kv_idx):
+    return score - 0.1 * ops.cast(q_idx - kv_idx, score.dtype)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_cached_steps_see_sequence_positions(window):
+    """Token by token with a plain cache (or a rolling one, with a window):
+    the mods see each query's position in the sequence, and the steps give
+    the full call's outputs."""
+    arguments = {} if window is None else {"sliding_window": window}
+    keras.utils.set_random_seed(0)
+    layer = ka.MultiHeadSelfAttention(N, **arguments)
+    layer.build((B, T, D))
+    x = rng(1).standard_normal((B, T, D)).astype("float32")
+    call = {"mask_mod": per_position, "score_mod": distance_bias}
+    full = to_numpy(layer(x, use_causal_mask=True, **call))
+    if window is None:
+        cache = np.zeros((B, 2, T, N, H), "float32")
+    else:
+        cache = RollingCache(np.zeros((B, 2, window, N, H), "float32"))
+    steps = []
+    for t in range(T):
+        out, cache = layer(
+            x[:, t : t + 1],
+            cache=cache,
+            cache_index=t,
+            use_causal_mask=True,
+            **call,
+        )
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+def test_a_block_mask_serves_layers_and_steps():
+    """One `block_mask` in two layers of a model and in cached steps gives
+    the numbers of the mod it was made from, on the blockwise path with
+    the map's blocks."""
+    mod = mods.or_masks(mods.sink_tokens(2), mods.sliding_window(3))
+    mask = mods.block_mask(mod, 1, 1, T, T, block_size=3)
+    keras.utils.set_random_seed(0)
+    first = ka.TransformerDecoderBlock(N, 16, normalize_first=True)
+    second = ka.TransformerDecoderBlock(N, 16, normalize_first=True)
+    x = rng(2).standard_normal((B, T, D)).astype("float32")
+
+    def stack(mask_mod):
+        y = first(x, use_causal_mask=False, mask_mod=mask_mod)
+        return to_numpy(second(y, use_causal_mask=False, mask_mod=mask_mod))
+
+    with path_context("chunked"):
+        want, got = stack(mod), stack(mask)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    cache = first.init_cache(B, T)
+    steps = []
+    for t in range(T):
+        out, cache = first(
+            x[:, t : t + 1],
+            cache=cache,
+            cache_index=t,
+            use_causal_mask=False,
+            mask_mod=mods.and_masks(mask, mods.causal()),
+        )
+        steps.append(to_numpy(out))
+    causal_full = to_numpy(first(x, use_causal_mask=True, mask_mod=mask))
+    np.testing.assert_allclose(np.concatenate(steps, 1), causal_full, atol=1e-5)
+
+
+def test_prefix_lm_in_a_decoder_block():
+    """A prefix-LM decoder: `prefix_lm` alone (without the causal flag)
+    equals the explicit `(B, T, T)` attention mask."""
+    keras.utils.set_random_seed(0)
+    block = ka.TransformerDecoderBlock(N, 16)
+    x = rng(3).standard_normal((B, T, D)).astype("float32")
+    prefix = np.array([3, 5])
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    dense = (j < prefix[:, None, None]) | (j <= i)  # (B, T, T)
+    got = block(x, use_causal_mask=False, mask_mod=mods.prefix_lm(prefix))
+    want = block(x, use_causal_mask=False, attention_mask=dense)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-6)
