@@ -31,10 +31,14 @@ def reference_attention(query, key, value, mask, structure, scale):
     return _core.reference(query, key, value, mask, scale, structure)[0]
 
 
+def chunk_size() -> int:
+    """Query and key rows per block of the blockwise path."""
+    return _forced["chunk_size"] or CHUNK_SIZE
+
+
 def _chunked(query, key, value, mask, structure, scale):
-    chunk_size = _forced["chunk_size"] or CHUNK_SIZE
     return chunked_attention(
-        query, key, value, mask, structure, scale, chunk_size
+        query, key, value, mask, structure, scale, chunk_size()
     )
 
 

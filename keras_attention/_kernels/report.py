@@ -6,9 +6,17 @@ It asks the same rule the dispatch uses (`dispatch.choose`), so the
 report cannot disagree with what runs.
 """
 
-import keras
+import types
 
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention._core.mods import Chained
+from keras_attention._core.mods import Positioned
 from keras_attention._kernels import dispatch
+from keras_attention._kernels import runtime
+from keras_attention._kernels.blockwise import plan
 
 _PATH_NAMES = {
     "fused": "fused kernel",
@@ -55,8 +63,68 @@ def explain_call(query, key, value, mask, structure, weights, reason=None):
     )
     if weights and reason is not None:
         refused = {name: reason for name in refused}
-    return Explanation(
-        path, refused, _lowering(path, mask, structure), keras.backend.backend()
+    lowering = _lowering(path, mask, structure)
+    if structure.mask_mod is not None or structure.score_mod is not None:
+        mods = _mods(path, query, key, structure)
+        lowering = f"{lowering}; {mods}" if lowering else mods
+    return Explanation(path, refused, lowering, keras.backend.backend())
+
+
+def _mods(path, query, key, structure):
+    """How the mods reach `path`, with the block pairs a mask mod leaves
+    to the blockwise path."""
+    parts = []
+    if structure.mask_mod is not None:
+        mod = _name(structure.mask_mod)
+        if path != "chunked":
+            parts.append(f"mask mod {mod} evaluated on the whole grid")
+        else:
+            parts.append(f"mask mod {mod} {_visited(query, key, structure)}")
+    if structure.score_mod is not None:
+        mod = _name(structure.score_mod)
+        if path == "chunked":
+            parts.append(
+                f"score mod {mod} applied inside each block visited (its "
+                "backward pass block by block)"
+            )
+        else:
+            parts.append(f"score mod {mod} applied to the whole (T, S) logits")
+    return "; ".join(parts)
+
+
+def _name(mod):
+    """A mod as a reader knows it: the mods of `keras_attention.mods` by
+    their call, a layer by its class and name, a function by its name."""
+    if isinstance(mod, types.MethodType) and isinstance(
+        mod.__self__, keras.Layer
+    ):
+        return f"{type(mod.__self__).__name__} (layer '{mod.__self__.name}')"
+    if isinstance(mod, Chained):
+        return " then ".join(_name(m) for m in mod.mods)
+    if isinstance(mod, Positioned):
+        return _name(mod.mod)
+    if isinstance(mod, types.FunctionType):
+        return f"function {mod.__name__}"
+    return repr(mod)
+
+
+def _visited(query, key, structure):
+    """`"...: 12 of 16 block pairs visited (6 full)"`, or what is known
+    without the batch size."""
+    batch = runtime.static_dim(query.shape[0])
+    lengths = [runtime.static_dim(x.shape[1]) for x in (query, key)]
+    block = dispatch.chunk_size()
+    if batch is None or None in lengths:
+        return "evaluated once per call into a map of blocks"
+    heads = 1 if len(query.shape) == 3 else query.shape[2]
+    table = ops.convert_to_numpy(
+        plan.mod_blocks(structure, batch, heads, *lengths, block)
+    )
+    visited, full = int(np.sum(table > 0)), int(np.sum(table == plan.FULL))
+    return (
+        f"evaluated into a map of {block}-row blocks: {visited} of "
+        f"{table.size} block pairs visited ({100 * visited / table.size:.0f}"
+        f"%; {full} without an elementwise mask), the others skipped"
     )
 
 

@@ -20,6 +20,8 @@ def explain(
     return_attention_scores: bool = False,
     alibi: bool = False,
     logit_soft_cap: float | None = None,
+    mask_mod=None,
+    score_mod=None,
 ):
     """Which path `scaled_dot_product_attention` takes for these arguments,
     and why.
@@ -41,6 +43,10 @@ def explain(
         return_attention_scores: As there.
         alibi: As there.
         logit_soft_cap: As there.
+        mask_mod: As there. On the blockwise path the report counts the
+            block pairs it leaves to visit (this evaluates the mod once,
+            when the batch size is known).
+        score_mod: As there.
 
     Returns:
         Explanation: Its `.path` (`"fused"`, `"chunked"` or
@@ -67,6 +73,8 @@ def explain(
         segment_ids=segment_ids,
         alibi=alibi,
         logit_soft_cap=logit_soft_cap,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
     )
     return _kernels.explain_call(
         query, key, value, mask, structure, return_attention_scores

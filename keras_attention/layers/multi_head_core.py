@@ -127,6 +127,8 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         return_attention_scores: bool = False,
         training: bool = False,
         batch_size: int = 1,
+        mask_mod=None,
+        score_mod=None,
     ):
         """Which attention path a call of the built layer takes, and why.
 
@@ -143,6 +145,9 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             training: Attention dropout is active in training.
                 Defaults to `False`.
             batch_size: B. Defaults to `1`.
+            mask_mod: As in `call`. Defaults to `None`.
+            score_mod: As in `call` (after the layer's own). Defaults to
+                `None`.
 
         Returns:
             Explanation: With `.path`, `.refused` and `.structure`.
@@ -176,6 +181,11 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             segment_ids=segment_ids,
             alibi=self.alibi,
             logit_soft_cap=self.logit_soft_cap,
+            mask_mod=mods_.check_mod(self._where(), "mask_mod", mask_mod),
+            score_mod=mods_.chained(
+                mods_.as_mod(self.score_mod),
+                mods_.check_mod(self._where(), "score_mod", score_mod),
+            ),
         )
         dropout = self.dropout > 0 and training
         reason = None

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+import keras_attention as ka
 from keras_attention import functional as F
 from keras_attention import mods
 from tests.autodiff import SMALL_CHUNK
@@ -412,3 +413,29 @@ def test_bad_score_mods_raise(mod, message):
             ),
         ):
             F.scaled_dot_product_attention(q, k, v, score_mod=mod)
+
+
+def test_explain_counts_the_block_pairs_a_mask_mod_leaves():
+    """`explain` evaluates the mask mod into the blockwise path's map:
+    causal attention over 12 positions in blocks of 3 visits the 4
+    diagonal pairs (partial) and the 6 below them (full)."""
+    q = keras.KerasTensor((B, 12, 4, 4))
+    with path_context("chunked"):
+        report = F.explain(
+            q, q, mask_mod=mods.causal(), score_mod=mods.soft_cap(5.0)
+        )
+    assert report.path == "chunked"
+    assert "10 of 16 block pairs visited (62%; 6 without" in report.structure
+    assert "score mod soft_cap(5) applied inside each block" in report.structure
+    layer = ka_layer()
+    report = layer.explain(8, mask_mod=per_head)
+    assert "mask mod function per_head evaluated" in report.structure
+    assert "RelativePositionBias (layer 'bias')" in report.structure
+
+
+def ka_layer():
+    layer = ka.MultiHeadSelfAttention(
+        2, score_mod=ka.RelativePositionBias(name="bias")
+    )
+    layer.build((1, 8, 8))
+    return layer
