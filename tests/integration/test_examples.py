@@ -61,3 +61,14 @@ def test_bottleneck_study_smoke(tmp_path):
     assert all(
         0.0 <= row["exact"] <= 1.0 for rows in table.values() for row in rows
     )
+
+
+@pytest.mark.slow
+def test_packed_documents_smoke():
+    """The packed-document language model: a document's predictions in a
+    packed row equal its predictions alone."""
+    out = run_example("packed_documents.py", "--smoke")
+    assert "test perplexity per character" in out
+    line = next(x for x in out.splitlines() if "packed vs alone" in x)
+    assert float(line.rsplit(" ", 1)[1]) < 1e-4, line
+    assert "mask mod and_masks(causal(), document(segment_ids))" in out

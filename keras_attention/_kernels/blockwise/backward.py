@@ -20,18 +20,6 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
     c, groups = plan.block, plan.groups
     delta = ops.sum(grad * outputs, axis=-1)  # (P, G, T')
 
-    def scored(i, j, logits):
-        """The block's logits through the score mod, and its pullback."""
-        if plan.score_mod is None:
-            return logits, None
-        constants = tensors.score_constants
-
-        def mod(logits, *captures):
-            held = plan.score_mod.join(captures, constants)
-            return blocks.score(plan, i, j, logits, held)
-
-        return backends.current().vjp(mod, logits, *captures)
-
     def key_block(j, carry, padded):
         grad_query, grad_key, grad_value, grad_captures = carry
         k, v = blocks.key_rows(key, j, c), blocks.key_rows(value, j, c)
@@ -41,7 +29,7 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
             q = blocks.query_rows(query, i, c)  # (P, G*C, H)
             do = blocks.query_rows(grad, i, c)  # (P, G*C, V)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
-            logits, pullback = scored(i, j, logits)
+            logits, pullback = _scored(plan, tensors, captures, i, j, logits)
             logits, slope = blocks.transform(plan, i, j, logits)
             logits = blocks.hide(plan, tensors, i, j, logits, edge)
             # The forward's weights; hidden logits give exp(masked) = 0.
@@ -66,32 +54,10 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
             grad_query = blocks.write_rows(grad_query, grad_q, i, c, groups)
             return grad_query, grad_k, grad_v, grad_captures
 
-        start, end = plan.query_range(j, tensors)
-        state = (
-            grad_query,
-            ops.zeros_like(k),
-            ops.zeros_like(v),
-            grad_captures,
+        state = (grad_query, ops.zeros_like(k), ops.zeros_like(v))
+        state = _query_blocks(
+            plan, tensors, j, padded, query_block, (*state, grad_captures)
         )
-        if plan.mask_mod is not None:
-            state = blocks.visit(
-                tensors.query_lists, j, query_block, state, plan.full_edge
-            )
-        elif plan.general:
-            state = blocks.loop(
-                start, end, query_block, state, edge=plan.full_edge
-            )
-        else:
-            # The diagonal block, first in the range, is the causal edge.
-            diagonal = blocks.Edge(causal=plan.is_causal, padded=padded)
-            first_end = blocks.minimum(start + 1, end)
-            state = blocks.loop(
-                start, first_end, query_block, state, edge=diagonal
-            )
-            interior = blocks.Edge(padded=padded)
-            state = blocks.loop(
-                start + 1, end, query_block, state, edge=interior
-            )
         grad_query, grad_k, grad_v, grad_captures = state
         grad_key = ops.slice_update(grad_key, (0, j * c, 0), grad_k)
         grad_value = ops.slice_update(grad_value, (0, j * c, 0), grad_v)
@@ -107,3 +73,35 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
     last = plan.key_blocks - 1 if plan.key_edge.padded else plan.key_blocks
     carry = blocks.loop(0, last, key_block, carry, padded=False)
     return blocks.loop(last, plan.key_blocks, key_block, carry, padded=True)
+
+
+def _scored(plan, tensors, captures, i, j, logits):
+    """Block pair `(i, j)`'s logits through the score mod, and its
+    pullback (`None` without a score mod)."""
+    if plan.score_mod is None:
+        return logits, None
+    constants = tensors.score_constants
+
+    def mod(logits, *captures):
+        held = plan.score_mod.join(captures, constants)
+        return blocks.score(plan, i, j, logits, held)
+
+    return backends.current().vjp(mod, logits, *captures)
+
+
+def _query_blocks(plan, tensors, j, padded, query_block, state):
+    """`query_block` over the query blocks that see key block `j`, each
+    with the structure it must apply."""
+    if plan.mask_mod is not None:
+        return blocks.visit(
+            tensors.query_lists, j, query_block, state, plan.full_edge
+        )
+    start, end = plan.query_range(j, tensors)
+    if plan.general:
+        return blocks.loop(start, end, query_block, state, edge=plan.full_edge)
+    # The diagonal block, first in the range, is the causal edge.
+    diagonal = blocks.Edge(causal=plan.is_causal, padded=padded)
+    first_end = blocks.minimum(start + 1, end)
+    state = blocks.loop(start, first_end, query_block, state, edge=diagonal)
+    interior = blocks.Edge(padded=padded)
+    return blocks.loop(start + 1, end, query_block, state, edge=interior)

@@ -1,0 +1,153 @@
+"""Mask mods: what skipping the blocks a pattern leaves empty is worth.
+
+On the active backend, `MultiHeadSelfAttention` (D=512, 8 heads, float32,
+B=2, T=4096) training steps (one `train_on_batch`, MSE to zeros, SGD,
+compiled as Keras compiles by default), side by side in one process, for
+three patterns, each given three ways (timed in turn within each
+repeat):
+
+* `mod`: the layer with the pattern as a `mask_mod` of
+  `keras_attention.mods`;
+* `dense`: the same layer with the same pattern as a dense
+  `attention_mask` `(B, T, T)`;
+* `keras_mha`: `keras.layers.MultiHeadAttention` with that mask.
+
+The patterns: a prefix-LM mask (prefix T/2), a document mask (8
+documents of T/8) and chunked attention (chunks of 512). Each row also
+records the fraction of block pairs the blockwise path visits and the
+kernel `explain()` names.
+
+    KERAS_BACKEND=jax python benchmarks/mods.py [--quick]
+"""
+
+import argparse
+
+import numpy as np
+
+D, N, BATCH = 512, 8, 2
+CANDIDATES = ("mod", "dense", "keras_mha")
+
+
+def patterns(length):
+    """`{name: (mask mod, dense (B, T, T) mask)}`."""
+    from keras import ops
+
+    from keras_attention import mods
+
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    prefix = length // 2
+    ids = np.repeat(np.arange(1, 9), length // 8)[None].repeat(BATCH, 0)
+    chunk = min(512, length // 8)
+    built = {
+        "prefix_lm": (
+            mods.prefix_lm(np.full(BATCH, prefix, "int32")),
+            (j < prefix) | (j <= i),
+        ),
+        "document": (mods.document(ids), ids[0][:, None] == ids[0][None, :]),
+        "chunked": (mods.chunked(chunk), i // chunk == j // chunk),
+    }
+    for name, (mod, dense) in built.items():
+        visible = ops.convert_to_numpy(mod(*_grid(length)))
+        assert np.array_equal(
+            np.broadcast_to(visible, (BATCH, 1, *dense.shape))[0, 0], dense
+        ), name
+    return {
+        name: (
+            mod,
+            np.ascontiguousarray(
+                np.broadcast_to(dense, (BATCH, length, length))
+            ),
+        )
+        for name, (mod, dense) in built.items()
+    }
+
+
+def _grid(length):
+    return (
+        np.arange(BATCH, dtype="int32").reshape(-1, 1, 1, 1),
+        np.zeros((1, 1, 1, 1), "int32"),
+        np.arange(length, dtype="int32").reshape(1, 1, -1, 1),
+        np.arange(length, dtype="int32").reshape(1, 1, 1, -1),
+    )
+
+
+def model_of(candidate, mod, dense, length):
+    """A compiled model of the candidate, its inputs and target."""
+    import keras
+
+    import keras_attention as ka
+
+    x = keras.Input((length, D), batch_size=BATCH)
+    mask = keras.Input((length, length), batch_size=BATCH, dtype=bool)
+    if candidate == "mod":
+        layer = ka.MultiHeadSelfAttention(N, D // N)
+        model = keras.Model(x, layer(x, mask_mod=mod))
+    elif candidate == "dense":
+        layer = ka.MultiHeadSelfAttention(N, D // N)
+        model = keras.Model([x, mask], layer(x, attention_mask=mask))
+    else:
+        layer = keras.layers.MultiHeadAttention(N, D // N)
+        model = keras.Model([x, mask], layer(x, x, attention_mask=mask))
+    model.compile(optimizer="sgd", loss="mse")
+    data = np.random.default_rng(0).normal(size=(BATCH, length, D))
+    data = data.astype("float32")
+    inputs = data if candidate == "mod" else [data, dense]
+    return model, inputs, np.zeros_like(data)
+
+
+def explained(mod, length):
+    """`(path, fraction of block pairs visited)` for the mod's call."""
+    import keras
+
+    from keras_attention import _kernels
+    from keras_attention import functional
+    from keras_attention import mods
+
+    query = keras.KerasTensor((BATCH, length, N, D // N))
+    path = functional.explain(query, query, mask_mod=mod).path
+    table = mods.block_mask(mod, BATCH, 1, length, length, _kernels.CHUNK_SIZE)
+    table = keras.ops.convert_to_numpy(table.blocks)
+    return path, float(np.mean(table > 0))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    from common import interleaved_medians
+    from common import write
+
+    length = 1024 if args.quick else 4096
+    repeats = 2 if args.quick else 5
+    rows = []
+    for pattern, (mod, dense) in patterns(length).items():
+        steps = {}
+        for candidate in CANDIDATES:
+            model, inputs, target = model_of(candidate, mod, dense, length)
+            steps[candidate] = lambda m=model, i=inputs, t=target: (
+                m.train_on_batch(i, t)
+            )
+        medians = interleaved_medians(steps, repeats)
+        path, fraction = explained(mod, length)
+        for candidate, seconds in medians.items():
+            rows.append(
+                {
+                    "pattern": pattern,
+                    "name": candidate,
+                    "length": length,
+                    "seconds": seconds,
+                    "visited": fraction,
+                    "path": path,
+                }
+            )
+            print(
+                f"{pattern:10s} {candidate:10s} T={length}: "
+                f"{seconds * 1e3:8.1f} ms (path {path}, "
+                f"{fraction:.0%} of block pairs)"
+            )
+        del steps
+    write("mods", {"batch": BATCH, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

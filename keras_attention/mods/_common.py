@@ -1,0 +1,82 @@
+"""What the mods of `keras_attention.mods` share: argument checks, and
+computing in tensors when a mod is called by hand."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention._core import is_tensor
+from keras_attention._core import static_dim
+
+PACKAGE = "keras_attention"
+
+
+class Configured:
+    """A mod made again from its config (`keras.saving`)."""
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def tensors(*xs):
+    """A mod called by hand (on NumPy arrays or ints) computes in tensors,
+    as it does on every path: its indices int32."""
+    tensors = [ops.convert_to_tensor(x) for x in xs]
+    return [
+        ops.cast(x, "int32")
+        if "int" in keras.backend.standardize_dtype(x.dtype)
+        else x
+        for x in tensors
+    ]
+
+
+def gather_rows(ids, batch, index):
+    """`ids[batch, index]` for broadcasting index tensors."""
+    length = ops.shape(ids)[1]
+    flat = ops.reshape(ids, (-1,))
+    return ops.take(flat, batch * length + index)
+
+
+def integers(where, name, x, rank):
+    if not is_tensor(x):
+        x = ops.convert_to_tensor(np.asarray(x))
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    if "int" not in dtype or len(x.shape) != rank:
+        axes = "(B, T)" if rank == 2 else "(B,)"
+        raise ValueError(
+            f"{where}: `{name}` must be integers of shape {axes}. Received: "
+            f"{name}.shape={tuple(x.shape)}, dtype={dtype}"
+        )
+    return x
+
+
+def positive_int(where, name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        value_ok = False
+    else:
+        value_ok = value >= 1
+    if not value_ok:
+        raise ValueError(
+            f"{where}: `{name}` must be a positive int. Received: "
+            f"{name}={value!r}"
+        )
+    return int(value)
+
+
+def callables(where, mods):
+    if not mods or not all(callable(m) for m in mods):
+        raise ValueError(
+            f"{where}: expects one or more mask mods (callables). Received: "
+            f"{mods!r}"
+        )
+    return mods
+
+
+def check_heads(where, name, num_heads, head):
+    heads = static_dim(head.shape[1]) if len(head.shape) == 4 else None
+    if heads is not None and heads not in (1, num_heads):
+        raise ValueError(
+            f"{where}: `{name}` is for {num_heads} heads; the attention has "
+            f"{heads}. Received: {heads} heads"
+        )

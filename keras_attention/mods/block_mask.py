@@ -1,0 +1,118 @@
+"""Block masks: a mask mod evaluated once into a map of blocks."""
+
+from keras_attention import _kernels
+from keras_attention._core.mods import BlockTable
+from keras_attention.mods._common import callables
+from keras_attention.mods._common import positive_int
+from keras_attention.mods._common import tensors
+
+
+class BlockMask(BlockTable):
+    """A mask mod evaluated once into a map of blocks, to be reused.
+
+    The blockwise path classifies each pair of a query block and a key
+    block as empty (skipped, forward and backward), full (no elementwise
+    mask) or partial (the mod applied inside it). Given a `BlockMask` as
+    `mask_mod`, it reads that map instead of evaluating the mod over the
+    whole grid again, so that several layers and training steps pay for
+    it once. It is called like the mod itself, so every path takes it.
+
+    Attributes:
+        mask_mod: The mask mod.
+        batch_size, num_heads, query_length, key_length: int. The grid it
+            was evaluated on.
+        block_size: int. Query and key rows per block.
+        blocks: int32 tensor `(ceil(T / block_size), ceil(S / block_size))`:
+            0 empty, 1 partial, 2 full.
+    """
+
+    def __init__(
+        self,
+        mask_mod,
+        batch_size,
+        num_heads,
+        query_length,
+        key_length,
+        block_size,
+    ):
+        self.mask_mod = mask_mod
+        self.batch_size, self.num_heads = batch_size, num_heads
+        self.query_length, self.key_length = query_length, key_length
+        self.block_size = block_size
+        self.blocks = _kernels.mod_blocks(
+            mask_mod,
+            batch_size,
+            num_heads,
+            query_length,
+            key_length,
+            block_size,
+        )
+
+    def __call__(self, batch, head, q_idx, kv_idx):
+        batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
+        return self.mask_mod(batch, head, q_idx, kv_idx)
+
+    def __repr__(self):
+        return (
+            f"block_mask({self.mask_mod!r}, batch_size={self.batch_size}, "
+            f"num_heads={self.num_heads}, query_length={self.query_length}, "
+            f"key_length={self.key_length}, block_size={self.block_size})"
+        )
+
+
+def block_mask(
+    mask_mod,
+    batch_size: int,
+    num_heads: int,
+    query_length: int,
+    key_length: int,
+    block_size: int | None = None,
+) -> BlockMask:
+    """Evaluates a mask mod once into a reusable `BlockMask`.
+
+    Args:
+        mask_mod: The mask mod.
+        batch_size: The batch size it will be used with (`1` if it does
+            not depend on the batch).
+        num_heads: The number of query heads (`1` if it does not depend on
+            the head).
+        query_length: The number of queries.
+        key_length: The number of keys.
+        block_size: Query and key rows per block; a call on the blockwise
+            path with other blocks evaluates the mod itself. Defaults to
+            the block size the blockwise path uses.
+
+    Returns:
+        BlockMask: Usable wherever a mask mod is.
+
+    Raises:
+        ValueError: if `mask_mod` is not callable or a size is not a
+            positive int.
+
+    Examples:
+        Causal attention over 1,024 positions in blocks of 256: the
+        diagonal blocks are partial, those below it full, the rest empty.
+
+        >>> import keras
+        >>> import numpy as np
+        >>> from keras_attention import mods
+        >>> mask = block_mask(mods.causal(), 1, 1, 1024, 1024, block_size=256)
+        >>> print(keras.ops.convert_to_numpy(mask.blocks))
+        [[1 0 0 0]
+         [2 1 0 0]
+         [2 2 1 0]
+         [2 2 2 1]]
+    """
+    where = "block_mask"
+    callables(where, (mask_mod,))
+    sizes = [
+        positive_int(where, name, value)
+        for name, value in (
+            ("batch_size", batch_size),
+            ("num_heads", num_heads),
+            ("query_length", query_length),
+            ("key_length", key_length),
+            ("block_size", block_size or _kernels.CHUNK_SIZE),
+        )
+    ]
+    return BlockMask(mask_mod, *sizes)

@@ -1,0 +1,249 @@
+"""The score mods: functions of the logits.
+
+Shape legend: B batch, N heads, T query length, S key length.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attention._core import alibi_slopes
+from keras_attention._core import static_dim
+from keras_attention.mods._common import PACKAGE
+from keras_attention.mods._common import Configured
+from keras_attention.mods._common import check_heads
+from keras_attention.mods._common import positive_int
+from keras_attention.mods._common import tensors
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class _SoftCap(Configured):
+    def __init__(self, cap):
+        if isinstance(cap, bool) or not (
+            isinstance(cap, (int, float)) and 0 < cap < math.inf
+        ):
+            raise ValueError(
+                "soft_cap: `cap` must be a positive finite number. "
+                f"Received: cap={cap!r}"
+            )
+        self.cap = float(cap)
+
+    def __call__(self, score, batch, head, q_idx, kv_idx):
+        score, batch, head, q_idx, kv_idx = tensors(
+            score, batch, head, q_idx, kv_idx
+        )
+        return self.cap * ops.tanh(score / self.cap)
+
+    def get_config(self):
+        return {"cap": self.cap}
+
+    def __repr__(self):
+        return f"soft_cap({self.cap:g})"
+
+
+def soft_cap(cap: float):
+    """Caps the logits smoothly, `cap * tanh(score / cap)` (Gemma 2), as
+    the `logit_soft_cap` argument does.
+
+    Args:
+        cap: A positive finite number.
+
+    Returns:
+        A score mod.
+
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> score = np.array([0.5, 5.0, 50.0], "float32")
+        >>> capped = soft_cap(5.0)(score, 0, 0, 0, 0)
+        >>> print(np.round(keras.ops.convert_to_numpy(capped), 3))
+        [0.498 3.808 5.   ]
+    """
+    return _SoftCap(cap)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class _Alibi(Configured):
+    def __init__(self, num_heads):
+        self.num_heads = positive_int("alibi", "num_heads", num_heads)
+        self.slopes = np.asarray(alibi_slopes(self.num_heads), "float32")
+
+    def __call__(self, score, batch, head, q_idx, kv_idx):
+        score, batch, head, q_idx, kv_idx = tensors(
+            score, batch, head, q_idx, kv_idx
+        )
+        check_heads("alibi", "num_heads", self.num_heads, head)
+        slopes = ops.take(ops.convert_to_tensor(self.slopes), head)
+        distance = ops.cast(ops.abs(q_idx - kv_idx), score.dtype)
+        return score - ops.cast(slopes, score.dtype) * distance
+
+    def get_config(self):
+        return {"num_heads": self.num_heads}
+
+    def __repr__(self):
+        return f"alibi({self.num_heads})"
+
+
+def alibi(num_heads: int):
+    """The linear biases of ALiBi (Press et al. 2022),
+    `score - m_h |q_idx - kv_idx|`, with the head slopes `m_h` that
+    `alibi=True` uses.
+
+    Args:
+        num_heads: The number of query heads the mod will see.
+
+    Returns:
+        A score mod.
+
+    Examples:
+        The bias of one head (slope 1/256) for one query at position 2:
+
+        >>> import keras
+        >>> import numpy as np
+        >>> zeros = np.zeros((1, 1, 1, 4), "float32")
+        >>> head = np.zeros((1, 1, 1, 1), "int32")
+        >>> kv_idx = np.arange(4).reshape(1, 1, 1, 4)
+        >>> biased = alibi(1)(zeros, 0, head, 2, kv_idx)
+        >>> print(keras.ops.convert_to_numpy(biased)[0, 0] * 256)
+        [[-2. -1.  0. -1.]]
+    """
+    return _Alibi(num_heads)
+
+
+class _RelativePositionBias:
+    def __init__(self, table, num_buckets, max_distance, bidirectional):
+        self.table = table
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bidirectional = bidirectional
+
+    def __call__(self, score, batch, head, q_idx, kv_idx):
+        score, batch, head, q_idx, kv_idx = tensors(
+            score, batch, head, q_idx, kv_idx
+        )
+        heads = self.table.shape[1]
+        check_heads("relative_position_bias", "table", heads, head)
+        bucket = relative_position_bucket(
+            kv_idx - q_idx,
+            self.num_buckets,
+            self.max_distance,
+            self.bidirectional,
+        )  # (1, 1, T, S)
+        flat = ops.reshape(self.table, (-1,))  # (num_buckets * N,)
+        bias = ops.take(flat, bucket * heads + head)  # (1, N, T, S)
+        return score + ops.cast(bias, score.dtype)
+
+    def __repr__(self):
+        return (
+            f"relative_position_bias(table, num_buckets={self.num_buckets}, "
+            f"max_distance={self.max_distance}, "
+            f"bidirectional={self.bidirectional})"
+        )
+
+
+def relative_position_bias(
+    table,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    bidirectional: bool = True,
+):
+    """T5's relative position bias (Raffel et al. 2020): a learned bias
+    per head for the bucket of `kv_idx - q_idx`, added to the logits.
+
+    Exact distances below half the buckets each get a bucket; longer ones
+    share logarithmically wider buckets up to `max_distance`
+    (`relative_position_bucket`). The gradients of `table` flow on every
+    path.
+
+    Args:
+        table (Tensor | keras.Variable): The biases, `(num_buckets, N)`.
+        num_buckets: Buckets of relative positions. Defaults to `32`.
+        max_distance: Distances from here on share the last bucket.
+            Defaults to `128`.
+        bidirectional: Separate buckets for keys before and after the
+            query (an encoder); a decoder uses `False`. Defaults to
+            `True`.
+
+    Returns:
+        A score mod.
+
+    Raises:
+        ValueError: if `table` is not a float tensor `(num_buckets, N)`.
+
+    Examples:
+        With eight buckets and one head, each bucket's bias is its number:
+        keys before the query fall in buckets 0-3, keys after it in 4-7.
+
+        >>> import keras
+        >>> import numpy as np
+        >>> table = np.arange(8, dtype="float32")[:, None]  # (8, 1)
+        >>> mod = relative_position_bias(table, num_buckets=8, max_distance=8)
+        >>> head = np.zeros((1, 1, 1, 1), "int32")
+        >>> kv_idx = np.arange(5).reshape(1, 1, 1, 5)
+        >>> zeros = np.zeros((1, 1, 1, 5), "float32")
+        >>> biased = mod(zeros, 0, head, 2, kv_idx)
+        >>> print(keras.ops.convert_to_numpy(biased)[0, 0])
+        [[2. 1. 0. 5. 6.]]
+    """
+    where = "relative_position_bias"
+    num_buckets = positive_int(where, "num_buckets", num_buckets)
+    max_distance = positive_int(where, "max_distance", max_distance)
+    shape = tuple(static_dim(d) for d in getattr(table, "shape", ()))
+    dtype = keras.backend.standardize_dtype(getattr(table, "dtype", "none"))
+    if len(shape) != 2 or shape[0] != num_buckets or "float" not in dtype:
+        raise ValueError(
+            f"{where}: `table` must be a float tensor of shape (num_buckets, "
+            f"N) = ({num_buckets}, N). Received: table.shape={shape}, "
+            f"dtype={dtype}"
+        )
+    return _RelativePositionBias(
+        table, num_buckets, max_distance, bool(bidirectional)
+    )
+
+
+def relative_position_bucket(
+    relative_position, num_buckets=32, max_distance=128, bidirectional=True
+):
+    """T5's bucket of each relative position `kv_idx - q_idx`, int32.
+
+    With `bidirectional`, half of the buckets are for keys after the
+    query. Of the rest, half hold the exact distances `0 ..
+    num_buckets / 2 - 1`, the others distances up to `max_distance` on a
+    logarithmic scale; longer distances share the last bucket.
+
+    Args:
+        relative_position (Tensor): Integer `kv_idx - q_idx`, any shape.
+        num_buckets (int): Defaults to `32`.
+        max_distance (int): Defaults to `128`.
+        bidirectional (bool): Defaults to `True`.
+
+    Returns:
+        Tensor: int32 buckets, of `relative_position`'s shape.
+
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import numpy as np
+        >>> buckets = relative_position_bucket(
+        ...     np.array([-200, -3, -1, 0, 1, 3, 200]), num_buckets=8,
+        ...     max_distance=20)
+        >>> print(keras.ops.convert_to_numpy(buckets))
+        [3 2 1 0 5 6 7]
+    """
+    relative_position = ops.cast(relative_position, "int32")
+    bucket = ops.zeros_like(relative_position)
+    distance = -relative_position  # T5's `n`: positive for earlier keys
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + ops.cast(distance < 0, "int32") * num_buckets
+        distance = ops.abs(distance)
+    else:
+        distance = ops.maximum(distance, 0)
+    exact = num_buckets // 2
+    scaled = ops.log(
+        ops.cast(ops.maximum(distance, 1), "float32") / exact
+    ) / math.log(max_distance / exact)
+    large = exact + ops.cast(scaled * (num_buckets - exact), "int32")
+    large = ops.minimum(large, num_buckets - 1)
+    return bucket + ops.where(distance < exact, distance, large)
