@@ -15,7 +15,12 @@ repeat):
 The patterns: a prefix-LM mask (prefix T/2), a document mask (8
 documents of T/8) and chunked attention (chunks of 512). Each row also
 records the fraction of block pairs the blockwise path visits and the
-kernel `explain()` names.
+kernel `explain()` names. A step also runs the four projections (a fixed
+cost the pattern does not change), so the attention alone is timed too,
+forward and backward (the gradients of the query, key and value), on
+`(B, T, N, H)` heads compiled as Keras compiles a training step: the
+`mask_mod`, the same mod as a `block_mask` made once, and the dense
+mask.
 
     KERAS_BACKEND=jax python benchmarks/mods.py [--quick]
 """
@@ -95,18 +100,80 @@ def model_of(candidate, mod, dense, length):
     return model, inputs, np.zeros_like(data)
 
 
+def kernel_steps(mod, dense, length):
+    """`{name: fn}`: forward and backward of attention alone with the
+    pattern as a mod, as a block mask and as a dense mask."""
+    import keras
+
+    from keras_attention import functional
+
+    rng = np.random.default_rng(0)
+    q, k, v, cotangent = (
+        keras.ops.convert_to_tensor(
+            rng.normal(size=(BATCH, length, N, D // N)).astype("float32")
+        )
+        for _ in range(4)
+    )
+    table = mods_block_mask(mod, length)
+    dense = keras.ops.convert_to_tensor(dense)
+    forms = {
+        "kernel_mod": {"mask_mod": mod},
+        "kernel_block_mask": {"mask_mod": table},
+        "kernel_dense": {"mask": dense},
+    }
+    return {
+        name: gradient_step(functional, arguments, q, k, v, cotangent)
+        for name, arguments in forms.items()
+    }
+
+
+def mods_block_mask(mod, length):
+    from keras_attention import _kernels
+    from keras_attention import mods
+
+    return mods.block_mask(mod, BATCH, 1, length, length, _kernels.CHUNK_SIZE)
+
+
+def gradient_step(functional, arguments, q, k, v, cotangent):
+    """`fn()`: the gradients of `Σ cotangent · attention(q, k, v)`."""
+    import keras
+    from common import BACKEND
+
+    def loss(q, k, v):
+        out = functional.scaled_dot_product_attention(q, k, v, **arguments)
+        return keras.ops.sum(out * cotangent)
+
+    if BACKEND == "jax":
+        import jax
+
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        return lambda: grads(q, k, v)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function  # as Keras compiles a step on CPU: no XLA
+        def grads(q, k, v):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                value = loss(q, k, v)
+            return tape.gradient(value, [q, k, v])
+
+        return lambda: grads(q, k, v)
+    import torch
+
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    return lambda: torch.autograd.grad(loss(q, k, v), (q, k, v))
+
+
 def explained(mod, length):
     """`(path, fraction of block pairs visited)` for the mod's call."""
     import keras
 
-    from keras_attention import _kernels
     from keras_attention import functional
-    from keras_attention import mods
 
     query = keras.KerasTensor((BATCH, length, N, D // N))
     path = functional.explain(query, query, mask_mod=mod).path
-    table = mods.block_mask(mod, BATCH, 1, length, length, _kernels.CHUNK_SIZE)
-    table = keras.ops.convert_to_numpy(table.blocks)
+    table = keras.ops.convert_to_numpy(mods_block_mask(mod, length).blocks)
     return path, float(np.mean(table > 0))
 
 
@@ -115,6 +182,7 @@ def main():
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     from common import interleaved_medians
+    from common import median_seconds
     from common import write
 
     length = 1024 if args.quick else 4096
@@ -127,7 +195,12 @@ def main():
             steps[candidate] = lambda m=model, i=inputs, t=target: (
                 m.train_on_batch(i, t)
             )
+        steps.update(kernel_steps(mod, dense, length))
+        # Keras's layer apart: its multi-GiB steps would slow the next
+        # candidate, which must then map fresh memory.
+        keras_mha = steps.pop("keras_mha")
         medians = interleaved_medians(steps, repeats)
+        medians["keras_mha"] = median_seconds(keras_mha, repeats)
         path, fraction = explained(mod, length)
         for candidate, seconds in medians.items():
             rows.append(
