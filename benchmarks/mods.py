@@ -131,7 +131,7 @@ def mods_block_mask(mod, length):
     from keras_attention import _kernels
     from keras_attention import mods
 
-    return mods.block_mask(mod, BATCH, 1, length, length, _kernels.CHUNK_SIZE)
+    return mods.block_mask(mod, BATCH, N, length, length, _kernels.CHUNK_SIZE)
 
 
 def gradient_step(functional, arguments, q, k, v, cotangent):

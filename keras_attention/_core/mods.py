@@ -56,7 +56,7 @@ def visible(where, mask_mod, indices):
     """`mask_mod(*indices)`, checked: a boolean tensor that broadcasts to
     the grid of `indices` (see `grid`)."""
     result = mask_mod(*indices)
-    if not is_tensor(result) and isinstance(result, bool):
+    if isinstance(result, bool):
         result = ops.convert_to_tensor(result)
     expected = _grid_shape(indices)
     dtype = _dtype(result)
@@ -66,6 +66,8 @@ def visible(where, mask_mod, indices):
             f"(B, N, T, S) (here {expected}). Received: a result of shape "
             f"{_shape(result)} and dtype {dtype}"
         )
+    while len(result.shape) < 4:  # the grid's rank: (B|1, N|1, T|1, S|1)
+        result = ops.expand_dims(result, 0)
     return result
 
 
@@ -91,9 +93,13 @@ class BlockTable:
         block_size, query_length, key_length, batch_size, num_heads: int.
     """
 
-    def fits(self, query_length, key_length, block_size) -> bool:
-        """Whether the map is the one a call of these sizes needs."""
-        return (query_length, key_length, block_size) == (
+    def fits(self, batch, heads, query_length, key_length, block_size):
+        """Whether the map is the one a call of these sizes needs: made on
+        the same grid (a map of fewer batch rows or heads could miss what
+        a mod does in the others) in blocks of the same size."""
+        return (batch, heads, query_length, key_length, block_size) == (
+            self.batch_size,
+            self.num_heads,
             self.query_length,
             self.key_length,
             self.block_size,
@@ -286,6 +292,8 @@ def _shape(x):
 
 
 def _dtype(x):
+    if not hasattr(x, "dtype"):
+        return type(x).__name__  # not a tensor: `None`, a number
     return keras.backend.standardize_dtype(x.dtype)
 
 

@@ -329,7 +329,11 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         scores = None
         mods_.check_mod(self._where(), "mask_mod", mask_mod)
         mods_.check_mod(self._where(), "score_mod", score_mod)
-        score_mod = mods_.chained(mods_.as_mod(self.score_mod), score_mod)
+        if isinstance(score_mod, keras.Layer) and not score_mod.built:
+            score_mod.build((None, self.num_heads, None, None))
+        score_mod = mods_.chained(
+            mods_.as_mod(self.score_mod), mods_.as_mod(score_mod)
+        )
         structure = Structure.of_call(
             self._where(),
             query_heads,

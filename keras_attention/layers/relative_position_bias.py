@@ -6,6 +6,7 @@ Shape legend: B batch, N heads, T query length, S key length.
 import keras
 
 from keras_attention import mods
+from keras_attention.mods import scores
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -20,8 +21,6 @@ class RelativePositionBias(keras.layers.Layer):
     distances, logarithmic up to `max_distance`. Give the layer to an
     attention layer or block as its `score_mod`: it is built there with
     one column of the table per head, trained with it and saved with it.
-    T5 shares one table across the layers of a stack: give the same
-    instance to each of them.
 
     Args:
         num_buckets (int): Buckets of relative positions. Defaults to `32`.
@@ -80,6 +79,7 @@ class RelativePositionBias(keras.layers.Layer):
                     f"{where}: `{name}` must be an int of at least 2. "
                     f"Received: {name}={value!r}"
                 )
+        scores.check_buckets(where, num_buckets, max_distance, bidirectional)
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bidirectional = bool(bidirectional)

@@ -31,8 +31,22 @@ def tensors(*xs):
     ]
 
 
+def check_rows(where, name, x, batch):
+    """`x` must have a row for every row of the batch (index `batch`)."""
+    if not len(batch.shape):
+        return  # one row, called by hand
+    rows, wanted = static_dim(x.shape[0]), static_dim(batch.shape[0])
+    if None not in (rows, wanted) and wanted > 1 and rows != wanted:
+        raise ValueError(
+            f"{where}: `{name}` must have a row for each of the {wanted} "
+            f"rows of the batch. Received: {name}.shape={tuple(x.shape)}"
+        )
+
+
 def gather_rows(ids, batch, index):
-    """`ids[batch, index]` for broadcasting index tensors."""
+    """`ids[batch, index]` for broadcasting index tensors; the ids must
+    have a row for every row of the batch."""
+    check_rows("document", "segment_ids", ids, batch)
     length = ops.shape(ids)[1]
     flat = ops.reshape(ids, (-1,))
     return ops.take(flat, batch * length + index)

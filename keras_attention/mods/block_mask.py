@@ -72,15 +72,16 @@ def block_mask(
 
     Args:
         mask_mod: The mask mod.
-        batch_size: The batch size it will be used with (`1` if it does
-            not depend on the batch).
-        num_heads: The number of query heads (`1` if it does not depend on
-            the head).
-        query_length: The number of queries.
-        key_length: The number of keys.
-        block_size: Query and key rows per block; a call on the blockwise
-            path with other blocks evaluates the mod itself. Defaults to
-            the block size the blockwise path uses.
+        batch_size: The batch size of the calls it serves.
+        num_heads: Their number of query heads.
+        query_length: Their number of queries.
+        key_length: Their number of keys.
+        block_size: Query and key rows per block. Defaults to the block
+            size the blockwise path uses.
+
+    A call of other sizes (or on blocks of another size) evaluates the
+    mod itself instead of reading the map: the map of fewer batch rows or
+    heads could miss what the mod does in the others.
 
     Returns:
         BlockMask: Usable wherever a mask mod is.
@@ -96,7 +97,7 @@ def block_mask(
         >>> import keras
         >>> import numpy as np
         >>> from keras_attention import mods
-        >>> mask = block_mask(mods.causal(), 1, 1, 1024, 1024, block_size=256)
+        >>> mask = block_mask(mods.causal(), 1, 8, 1024, 1024, block_size=256)
         >>> print(keras.ops.convert_to_numpy(mask.blocks))
         [[1 0 0 0]
          [2 1 0 0]

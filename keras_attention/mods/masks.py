@@ -11,6 +11,7 @@ from keras_attention._core.structure import window as check_window
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import callables
+from keras_attention.mods._common import check_rows
 from keras_attention.mods._common import gather_rows
 from keras_attention.mods._common import integers
 from keras_attention.mods._common import positive_int
@@ -177,6 +178,7 @@ class _PrefixLM:
 
     def __call__(self, batch, head, q_idx, kv_idx):
         batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
+        check_rows("prefix_lm", "prefix_lengths", self.prefix_lengths, batch)
         prefix = ops.take(self.prefix_lengths, batch)  # (B, 1, 1, 1)
         return ops.logical_or(kv_idx < prefix, kv_idx <= q_idx)
 

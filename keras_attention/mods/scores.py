@@ -189,6 +189,7 @@ def relative_position_bias(
     where = "relative_position_bias"
     num_buckets = positive_int(where, "num_buckets", num_buckets)
     max_distance = positive_int(where, "max_distance", max_distance)
+    check_buckets(where, num_buckets, max_distance, bidirectional)
     shape = tuple(static_dim(d) for d in getattr(table, "shape", ()))
     dtype = keras.backend.standardize_dtype(getattr(table, "dtype", "none"))
     if len(shape) != 2 or shape[0] != num_buckets or "float" not in dtype:
@@ -200,6 +201,21 @@ def relative_position_bias(
     return _RelativePositionBias(
         table, num_buckets, max_distance, bool(bidirectional)
     )
+
+
+def check_buckets(where, num_buckets, max_distance, bidirectional):
+    """T5's buckets need at least one exact distance per direction and a
+    `max_distance` beyond the exact ones (else the logarithmic buckets
+    divide by zero)."""
+    exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    if exact < 1 or max_distance <= exact:
+        raise ValueError(
+            f"{where}: `num_buckets` must leave at least one exact distance "
+            f"per direction (4 or more bidirectional, 2 or more otherwise) "
+            f"and `max_distance` must exceed the {exact} exact ones. "
+            f"Received: num_buckets={num_buckets}, "
+            f"max_distance={max_distance}, bidirectional={bidirectional}"
+        )
 
 
 def relative_position_bucket(

@@ -1018,6 +1018,11 @@ CASES.update(
             "num_buckets",
             lambda: ka.RelativePositionBias(num_buckets=1),
         ),
+        "relative-bias-too-few-buckets": (
+            "RelativePositionBias",
+            "num_buckets",
+            lambda: ka.RelativePositionBias(num_buckets=3),
+        ),
         "relative-bias-distance": (
             "RelativePositionBias",
             "max_distance",

@@ -67,7 +67,9 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
         ops.zeros_like(query),
         ops.zeros_like(key),
         ops.zeros_like(value),
-        [ops.zeros_like(x) for x in captures],
+        # Summed over every block pair: in the compute dtype (float32 for
+        # a half-precision table).
+        [ops.zeros(ops.shape(x), plan.compute_dtype) for x in captures],
     )
     # Only the last key block holds padded keys.
     last = plan.key_blocks - 1 if plan.key_edge.padded else plan.key_blocks

@@ -131,7 +131,7 @@ class Plan:
         of the call's sizes gives its own."""
         mod = self.structure.mask_mod
         if isinstance(mod, BlockTable) and mod.fits(
-            self.length, self.key_length, self.block
+            self.batch, self.heads, self.length, self.key_length, self.block
         ):
             table = ops.convert_to_tensor(mod.blocks)
         else:

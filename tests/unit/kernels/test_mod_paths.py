@@ -70,7 +70,7 @@ MASK_MODS = {  # name: (mod, NumPy spec or a function of the head count)
     ),
     "per batch and head": (per_head, np_per_head),
     "block mask": (
-        mods.block_mask(mods.causal(), 1, 1, T, S, block_size=SMALL_CHUNK),
+        mods.block_mask(mods.causal(), B, 4, T, S, block_size=SMALL_CHUNK),
         ("causal", None),
     ),
 }
@@ -439,3 +439,36 @@ def ka_layer():
     )
     layer.build((1, 8, 8))
     return layer
+
+
+def test_a_block_mask_is_read_only_where_its_sizes_fit():
+    """A map of the call's sizes is read (a map emptied by hand gives
+    zeros); one of other sizes is not (the mod itself decides)."""
+    q, k, v, _ = inputs("gqa")
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for batch, expect_zeros in ((B, True), (1, False)):
+        mask = mods.block_mask(mods.causal(), batch, 4, T, S, SMALL_CHUNK)
+        mask.blocks = ops.zeros_like(mask.blocks)  # every pair "empty"
+        with path_context("chunked"):
+            got = F.scaled_dot_product_attention(q, k, v, mask_mod=mask)
+        expected = np.zeros_like(ops.convert_to_numpy(want))
+        if not expect_zeros:
+            expected = ops.convert_to_numpy(want)
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(got), expected, atol=1e-5
+        )
+
+
+@pytest.mark.parametrize(
+    "mod, message",
+    [
+        (lambda b, h, q, k: None, "dtype NoneType"),
+        (mods.document(QUERY_IDS[:1]), "a row for each of the 2 rows"),
+        (mods.prefix_lm(PREFIX[:1]), "a row for each of the 2 rows"),
+    ],
+)
+def test_mods_that_do_not_fit_the_call_raise(mod, message):
+    q, k, v, _ = inputs("gqa")
+    k, v = k[:, :T], v[:, :T]
+    with pytest.raises(ValueError, match=message):
+        F.scaled_dot_product_attention(q, k, v, mask_mod=mod)

@@ -52,11 +52,16 @@ ADDED_ARGUMENTS = {"score_mod": None}
 
 def test_the_checkpoint_holds_every_public_layer():
     names = {name for name, _ in SAVED}
-    assert names == {
-        name
-        for name in keras_attention.__all__
-        if isinstance(getattr(keras_attention, name), type)
-    } - {"AttentionMechanism"} - ADDED_LAYERS
+    assert (
+        names
+        == {
+            name
+            for name in keras_attention.__all__
+            if isinstance(getattr(keras_attention, name), type)
+        }
+        - {"AttentionMechanism"}
+        - ADDED_LAYERS
+    )
 
 
 def _plain(node):

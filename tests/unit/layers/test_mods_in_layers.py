@@ -124,7 +124,7 @@ def test_a_block_mask_serves_layers_and_steps():
     the numbers of the mod it was made from, on the blockwise path with
     the map's blocks."""
     mod = mods.or_masks(mods.sink_tokens(2), mods.sliding_window(3))
-    mask = mods.block_mask(mod, 1, 1, T, T, block_size=3)
+    mask = mods.block_mask(mod, B, N, T, T, block_size=3)
     keras.utils.set_random_seed(0)
     first = ka.TransformerDecoderBlock(N, 16, normalize_first=True)
     second = ka.TransformerDecoderBlock(N, 16, normalize_first=True)

@@ -197,6 +197,16 @@ def test_static_mask_mods_round_trip_their_config(mod):
             lambda: mods.relative_position_bias(np.zeros((4, 2)), 8),
             "relative_position_bias: `table` must be",
         ),
+        (
+            lambda: mods.relative_position_bias(np.zeros((3, 2), "float32"), 3),
+            "at least one exact distance",
+        ),
+        (
+            lambda: mods.relative_position_bias(
+                np.zeros((32, 2), "float32"), 32, 8
+            ),
+            "must exceed the 8 exact ones",
+        ),
         (lambda: mods.block_mask("causal", 1, 1, 4, 4), "block_mask"),
         (
             lambda: mods.block_mask(mods.causal(), 1, 1, 0, 4),
