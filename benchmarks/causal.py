@@ -22,8 +22,8 @@ import argparse
 
 import keras
 import numpy as np
-from common import BACKEND
 from common import compiled
+from common import gradient_step
 from common import median_seconds
 from common import write
 
@@ -67,30 +67,7 @@ def kernel_step(length):
         out = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return keras.ops.sum(out * cotangent)
 
-    if BACKEND == "jax":
-        import jax
-
-        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-        return lambda: grads(q, k, v)
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        @tf.function  # as Keras compiles a step on CPU: no XLA
-        def grads(q, k, v):
-            with tf.GradientTape() as tape:
-                tape.watch([q, k, v])
-                value = loss(q, k, v)
-            return tape.gradient(value, [q, k, v])
-
-        return lambda: grads(q, k, v)
-    import torch
-
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-
-    def grads():
-        return torch.autograd.grad(loss(q, k, v), (q, k, v))
-
-    return grads
+    return gradient_step(loss, q, k, v)
 
 
 def torch_kernel_step(length):

@@ -36,6 +36,32 @@ def compiled(fn):
     return fn
 
 
+def gradient_step(loss, q, k, v):
+    """`fn()`: the gradients of `loss(q, k, v)` for `q`, `k` and `v`,
+    compiled as Keras compiles a training step on CPU (`jax.jit`; a
+    TensorFlow graph without XLA; PyTorch eagerly)."""
+    if BACKEND == "jax":
+        import jax
+
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        return lambda: grads(q, k, v)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function  # as Keras compiles a step on CPU: no XLA
+        def grads(q, k, v):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                value = loss(q, k, v)
+            return tape.gradient(value, [q, k, v])
+
+        return lambda: grads(q, k, v)
+    import torch
+
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    return lambda: torch.autograd.grad(loss(q, k, v), (q, k, v))
+
+
 def block(result):
     """Waits for `result` (any nest of tensors) to be computed."""
     for leaf in keras.tree.flatten(result):

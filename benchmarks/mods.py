@@ -122,7 +122,7 @@ def kernel_steps(mod, dense, length):
         "kernel_dense": {"mask": dense},
     }
     return {
-        name: gradient_step(functional, arguments, q, k, v, cotangent)
+        name: attention_step(functional, arguments, q, k, v, cotangent)
         for name, arguments in forms.items()
     }
 
@@ -134,35 +134,16 @@ def mods_block_mask(mod, length):
     return mods.block_mask(mod, BATCH, N, length, length, _kernels.CHUNK_SIZE)
 
 
-def gradient_step(functional, arguments, q, k, v, cotangent):
+def attention_step(functional, arguments, q, k, v, cotangent):
     """`fn()`: the gradients of `Σ cotangent · attention(q, k, v)`."""
     import keras
-    from common import BACKEND
+    from common import gradient_step
 
     def loss(q, k, v):
         out = functional.scaled_dot_product_attention(q, k, v, **arguments)
         return keras.ops.sum(out * cotangent)
 
-    if BACKEND == "jax":
-        import jax
-
-        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-        return lambda: grads(q, k, v)
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        @tf.function  # as Keras compiles a step on CPU: no XLA
-        def grads(q, k, v):
-            with tf.GradientTape() as tape:
-                tape.watch([q, k, v])
-                value = loss(q, k, v)
-            return tape.gradient(value, [q, k, v])
-
-        return lambda: grads(q, k, v)
-    import torch
-
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    return lambda: torch.autograd.grad(loss(q, k, v), (q, k, v))
+    return gradient_step(loss, q, k, v)
 
 
 def explained(mod, length):

@@ -51,7 +51,8 @@ def fused_attention(query, key, value, mask, structure, scale):
         if len(query.shape) == 3:
             modded = modded[:, 0]
         modded = ops.broadcast_to(
-            modded, (*modded.shape[:-2], ops.shape(query)[1], ops.shape(key)[1])
+            modded,
+            (*ops.shape(modded)[:-2], ops.shape(query)[1], ops.shape(key)[1]),
         )
         mask = modded if mask is None else ops.logical_and(mask, modded)
     single_head = len(query.shape) == 3
