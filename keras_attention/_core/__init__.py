@@ -9,6 +9,8 @@ constant (`masking`), the angles of sinusoidal and rotary positions
 kernels, `functional` and the layers import it, never the other way.
 """
 
+from keras_attention._core.builtins import alibi_slopes as alibi_slopes
+from keras_attention._core.builtins import segments_visible as segments_visible
 from keras_attention._core.checks import check_inputs as check_inputs
 from keras_attention._core.checks import host_integers as host_integers
 from keras_attention._core.checks import is_tensor as is_tensor
@@ -28,5 +30,3 @@ from keras_attention._core.reference import (
     reference_weights as reference_weights,
 )
 from keras_attention._core.structure import Structure as Structure
-from keras_attention._core.structure import alibi_slopes as alibi_slopes
-from keras_attention._core.structure import segments_visible as segments_visible

@@ -330,6 +330,17 @@ class Positioned:
         kv_idx = ops.maximum(kv_idx + ops.cast(self.key_start, "int32"), 0)
         return self.mod(*rest, q_idx, kv_idx)
 
+    @property
+    def offset(self):
+        """The query position minus the key position of equal indices."""
+        if isinstance(self.key_start, int) and self.key_start == 0:
+            return self.query_start
+        return self.query_start - self.key_start
+
+    def rewrapped(self, mod):
+        """`mod` at the same positions."""
+        return Positioned(mod, self.query_start, self.key_start)
+
 
 def positioned(mod, query_start=None, key_start=None):
     """`mod` at sequence positions (see `Positioned`); as it is when both
@@ -340,6 +351,22 @@ def positioned(mod, query_start=None, key_start=None):
     ):
         return mod
     return Positioned(mod, query_start or 0, key_start or 0)
+
+
+class Combined:
+    """Mask mods of which every one (`conjunction`) or any one must allow
+    a key (`mods.and_masks`, `mods.or_masks`)."""
+
+    def __init__(self, mods, conjunction=True):
+        self.mods, self.conjunction = list(mods), conjunction
+
+    def __call__(self, batch, head, q_idx, kv_idx):
+        combine = ops.logical_and if self.conjunction else ops.logical_or
+        result = None
+        for mod in self.mods:
+            visible = mod(batch, head, q_idx, kv_idx)
+            result = visible if result is None else combine(result, visible)
+        return result
 
 
 class Chained:

@@ -25,34 +25,42 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._core.builtins import Alibi
+from keras_attention._core.builtins import Band
+from keras_attention._core.builtins import Segments
+from keras_attention._core.builtins import SoftCap
+from keras_attention._core.builtins import segments_visible
 from keras_attention._core.checks import check_length
 from keras_attention._core.checks import host_integers
 from keras_attention._core.checks import is_tensor
 from keras_attention._core.checks import static_dim
+from keras_attention._core.mods import BlockTable
+from keras_attention._core.mods import Chained
+from keras_attention._core.mods import Combined
+from keras_attention._core.mods import Positioned
+from keras_attention._core.mods import chained
 from keras_attention._core.mods import check_mod
 from keras_attention._core.mods import grid
 from keras_attention._core.mods import modified
 from keras_attention._core.mods import visible
 
 ALIGNMENTS = ("top_left", "bottom_right")
-# A band bound this wide reaches every key of any sequence that fits in
-# memory; kept as a number, `p + right` could overflow int32 positions.
-_REACH = 2**30
 
 
 class Structure:
-    """Normalised structure of one attention call.
+    """Normalised structure of one attention call: the built-in mods its
+    arguments are (`_core.builtins`), and the user's mods.
 
     Attributes:
-        causal: bool. Keys after each query's position are hidden.
+        band: `Band` or `None`. Keys outside a band around each query's
+            position are hidden (`is_causal`, `sliding_window`, and a
+            `mods.causal()` or `mods.sliding_window(...)` mask mod).
         offset: int or scalar tensor. Position of query 0 among the keys.
-        left, right: int or `None`. Keys visible before and after each
-            query's position (`None`: all of them).
-        query_segments, key_segments: int tensors `(B, T)`, `(B, S)`, or
-            `None`.
+        segments: `Segments` or `None` (`segment_ids`, `mods.document`).
         alibi: bool. Linear position biases `-m_n |p - j|` per head.
         soft_cap: float or `None`. Logits become `cap tanh(logits / cap)`.
-        mask_mod, score_mod: callables or `None` (see `_core.mods`).
+        mask_mod, score_mod: callables or `None`: the mods that are not
+            built in (see `_core.mods`).
         where: str. The function or layer the structure is checked for.
     """
 
@@ -68,21 +76,18 @@ class Structure:
         score_mod=None,
         where="scaled_dot_product_attention",
     ):
-        self.causal = causal
         self.mask_mod, self.score_mod = mask_mod, score_mod
         self.where = where
         self.alibi = alibi
         self.soft_cap = soft_cap
         self.offset = offset
         left, right = window if window is not None else (None, None)
-        left, right = (
-            None if bound is None or bound >= _REACH else bound
-            for bound in (left, right)
-        )
         if causal:
             right = 0 if right is None else min(right, 0)
-        self.left, self.right = left, right
-        self.query_segments, self.key_segments = segments
+        band = Band(left, right, offset)
+        has_bound = band.left is not None or band.right is not None
+        self.band = band if has_bound else None
+        self.segments = None if segments[0] is None else Segments(*segments)
 
     @classmethod
     def from_args(
@@ -92,6 +97,7 @@ class Structure:
         batch=None,
         query_length=None,
         key_length=None,
+        heads=None,
         is_causal=False,
         sliding_window=None,
         segment_ids=None,
@@ -102,12 +108,15 @@ class Structure:
         score_mod=None,
     ):
         """Checks the structural arguments of a call with `batch` rows,
-        `T = query_length` queries and `S = key_length` keys (ints, `None`
-        where unknown, or scalar tensors) and returns their `Structure`.
+        `T = query_length` queries, `S = key_length` keys and `heads`
+        query heads (ints, `None` where unknown, or scalar tensors) and
+        returns their `Structure`.
 
         The arguments mean what they mean in `scaled_dot_product_attention`.
         `offset`, if given, is the position of query 0 among the keys (a
         static-size KV cache) and replaces the one `is_causal` implies.
+        Built-in mods among `mask_mod` and `score_mod` join the structure
+        the arguments make where they mean the same (see `absorb`).
 
         Raises:
             ValueError: naming `where`, the argument and what was received.
@@ -130,39 +139,122 @@ class Structure:
             if alignment == "bottom_right" and known:
                 offset = key_length - query_length
         soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
-        return cls(
-            bool(is_causal),
-            offset,
-            window_,
-            segments,
-            alibi,
-            soft_cap,
-            mask_mod,
-            score_mod,
-            where,
-        )
+        structure = cls(
+            bool(is_causal), offset, window_, segments, alibi, soft_cap,
+            where=where,
+        )  # fmt: skip
+        shape = (batch, query_length, key_length, heads)
+        structure.absorb(mask_mod, score_mod, shape)
+        return structure
 
     @classmethod
     def of_call(cls, where, query, key, **arguments):
         """`from_args` for a call on `query` `(B, T, ...)` and `key`
-        `(B, S, ...)`: the batch and lengths are read from their shapes
-        (static where known, else scalar tensors)."""
+        `(B, S, ...)`: the batch, lengths and heads are read from their
+        shapes (static where known, else scalar tensors)."""
         batch, query_length, key_length = lengths(query, key)
         return cls.from_args(
             where=where,
             batch=batch,
             query_length=query_length,
             key_length=key_length,
+            heads=1 if len(query.shape) == 3 else static_dim(query.shape[2]),
             **arguments,
         )
 
+    def absorb(self, mask_mod, score_mod, shape):
+        """Adds the mods `mask_mod` and `score_mod` of a call of `shape =
+        (B, T, S, N)` (`None` where unknown).
+
+        A built-in mask mod (a band, segment ids, and those inside an
+        `and_masks`) joins the structure's own where it means the same: a
+        band of the same offset narrows the structure's band, segment ids
+        fill an empty place. So `mask_mod=mods.causal()` runs exactly as
+        `is_causal=True`. Built-in score mods at the end of the chain
+        become the soft cap and ALiBi where that keeps their order (score
+        mod, soft cap, ALiBi). The rest stay mods."""
+        rest = [m for m in _conjuncts(mask_mod) if not self._takes(m, shape)]
+        self.mask_mod = (
+            None if not rest else rest[0] if len(rest) == 1 else Combined(rest)
+        )
+        chain = _links(score_mod)
+        alibi = _unpositioned(chain[-1]) if chain else None
+        if (
+            isinstance(alibi, Alibi)
+            and not self.alibi
+            and self.soft_cap is None
+            and alibi.num_heads == shape[3]
+            and _same(alibi.offset, self.offset)
+        ):
+            self.alibi = True
+            chain.pop()
+        cap = _unpositioned(chain[-1]) if chain else None
+        if isinstance(cap, SoftCap) and self.soft_cap is None:
+            self.soft_cap = cap.cap
+            chain.pop()
+        self.score_mod = chained(*chain)
+
+    def _takes(self, mod, shape):
+        """Whether mask mod `mod` joined the structure: a built-in one, or
+        a block map of built-in ones only (read from their ranges)."""
+        if not isinstance(mod, BlockTable):
+            return self._joins(mod, shape)
+        trial = copy.copy(self)
+        if all(trial._joins(m, shape) for m in _conjuncts(mod.mask_mod)):
+            self.band, self.offset = trial.band, trial.offset
+            self.segments = trial.segments
+            return True
+        return False
+
+    def _joins(self, mod, shape):
+        """Whether built-in mask mod `mod` joined the structure."""
+        mod = _unpositioned(mod)
+        if isinstance(mod, Band):
+            if self.band is None and (
+                not self.alibi or _same(mod.offset, self.offset)
+            ):
+                self.band, self.offset = mod, mod.offset
+                return True
+            if self.band is not None and _same(mod.offset, self.offset):
+                self.band = self.band.intersect(mod)
+                return True
+        if isinstance(mod, Segments) and self.segments is None:
+            batch, query_length, key_length, _ = shape
+            if _fits(mod.query_ids, (batch, query_length)) and _fits(
+                mod.key_ids, (batch, key_length)
+            ):
+                self.segments = mod
+                return True
+        return False
+
+    @property
+    def left(self):
+        return None if self.band is None else self.band.left
+
+    @property
+    def right(self):
+        return None if self.band is None else self.band.right
+
+    @property
+    def causal(self) -> bool:
+        """No key after a query's position is visible."""
+        return self.right is not None and self.right <= 0
+
+    @property
+    def query_segments(self):
+        return None if self.segments is None else self.segments.query_ids
+
+    @property
+    def key_segments(self):
+        return None if self.segments is None else self.segments.key_ids
+
     @property
     def has_band(self) -> bool:
-        return self.left is not None or self.right is not None
+        return self.band is not None
 
     @property
     def has_segments(self) -> bool:
-        return self.query_segments is not None
+        return self.segments is not None
 
     @property
     def is_empty(self) -> bool:
@@ -187,9 +279,7 @@ class Structure:
     def alibi_bias(self, num_heads, rows, cols):
         """`-m_n |p_i - j|`, float32 `(N, R, C)` for query rows `rows`
         `(R, 1)` and key positions `cols` `(1, C)`."""
-        distance = ops.abs(rows + self.offset - cols)  # (R, C)
-        slopes = ops.convert_to_tensor(alibi_slopes(num_heads), "float32")
-        return -slopes[:, None, None] * ops.cast(distance, "float32")
+        return Alibi(num_heads, self.offset).bias(rows, cols)
 
     def dense_bias(self, num_heads, query_length, key_length):
         """The ALiBi bias `(1, N, T, S)`, or `None` without ALiBi."""
@@ -227,17 +317,11 @@ class Structure:
     def band_visible(self, rows, cols):
         """The band at query rows `rows` and key positions `cols`
         (broadcasting integer tensors), or `None` without a band."""
-        position = rows + self.offset
-        visible = None
-        if self.left is not None:
-            visible = cols >= position - self.left
-        if self.right is not None:
-            after = cols <= position + self.right
-            visible = after if visible is None else visible & after
-        return visible
+        return None if self.band is None else self.band.visible(rows, cols)
 
     def dense_mask(self, query_length, key_length):
-        """The structure as a boolean `(B|1, T, S)` mask, or `None`."""
+        """The band and the segment ids as a boolean `(B|1, T, S)` mask,
+        or `None`."""
         visible = None
         if self.has_band:
             rows = ops.expand_dims(ops.arange(0, query_length), 1)  # (T, 1)
@@ -253,23 +337,57 @@ class Structure:
         return visible
 
 
-def alibi_slopes(num_heads):
-    """The head slopes of ALiBi (Press et al. 2022): `2^(-8 h / n)` for
-    `h = 1..n` heads when `n` is a power of two; otherwise those of the
-    largest power of two below, then every other slope of twice that."""
-
-    def powers(n):
-        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
-
-    base = 2 ** math.floor(math.log2(num_heads))
-    return powers(base) + powers(2 * base)[0::2][: num_heads - base]
+def _conjuncts(mod):
+    """The mask mods that must all allow a key for `mod` to."""
+    if isinstance(mod, Positioned) and _is_conjunction(mod.mod):
+        return [m for p in mod.mod.mods for m in _conjuncts(mod.rewrapped(p))]
+    if _is_conjunction(mod):
+        return [m for part in mod.mods for m in _conjuncts(part)]
+    return [] if mod is None else [mod]
 
 
-def segments_visible(query_segments, key_segments):
-    """`(B, T, S)`: equal segment ids, key id not 0 (padding)."""
-    queries = ops.expand_dims(query_segments, 2)  # (B, T, 1)
-    keys = ops.expand_dims(key_segments, 1)  # (B, 1, S)
-    return ops.logical_and(ops.equal(queries, keys), ops.not_equal(keys, 0))
+def _is_conjunction(mod):
+    return isinstance(mod, Combined) and mod.conjunction
+
+
+def _links(mod):
+    """The score mods applied one after the other for `mod`."""
+    if isinstance(mod, Positioned) and isinstance(mod.mod, Chained):
+        return [m for p in mod.mod.mods for m in _links(mod.rewrapped(p))]
+    if isinstance(mod, Chained):
+        return [m for part in mod.mods for m in _links(part)]
+    return [] if mod is None else [mod]
+
+
+def _unpositioned(mod):
+    """A positioned built-in mod as the built-in mod of its offset (the
+    query position minus the key position); any other mod as it is."""
+    if not isinstance(mod, Positioned):
+        return mod
+    inner, shift = mod.mod, mod.offset
+    if isinstance(inner, Band):
+        return inner.shifted(shift)
+    if isinstance(inner, Alibi):
+        return Alibi(inner.num_heads, _add(inner.offset, shift))
+    if isinstance(inner, SoftCap):
+        return inner
+    return mod
+
+
+def _fits(ids, shape):
+    ids_shape = tuple(static_dim(d) for d in ids.shape)
+    return None not in ids_shape and ids_shape == tuple(shape)
+
+
+def _same(a, b):
+    """Whether two offsets are known to be equal."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return a is b
+
+
+def _add(a, b):
+    return b if _is_zero(a) else a if _is_zero(b) else a + b
 
 
 def _check_alibi(where, alibi):

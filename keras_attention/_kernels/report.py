@@ -118,7 +118,7 @@ def _visited(query, key, structure):
         return "evaluated once per call into a map of blocks"
     heads = 1 if len(query.shape) == 3 else query.shape[2]
     table = ops.convert_to_numpy(
-        plan.mod_blocks(structure, batch, heads, *lengths, block)
+        plan.block_map(structure, batch, heads, *lengths, block)
     )
     visited, full = int(np.sum(table > 0)), int(np.sum(table == plan.FULL))
     return (
@@ -141,7 +141,7 @@ def _lowering(path, mask, structure):
         elif structure.has_band:
             parts.append(
                 "only the key blocks the band reaches are visited; the band "
-                "applied inside each"
+                "applied inside the ones it cuts"
             )
         if structure.has_segments:
             parts.append(

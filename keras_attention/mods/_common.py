@@ -43,15 +43,6 @@ def check_rows(where, name, x, batch):
         )
 
 
-def gather_rows(ids, batch, index):
-    """`ids[batch, index]` for broadcasting index tensors; the ids must
-    have a row for every row of the batch."""
-    check_rows("document", "segment_ids", ids, batch)
-    length = ops.shape(ids)[1]
-    flat = ops.reshape(ids, (-1,))
-    return ops.take(flat, batch * length + index)
-
-
 def integers(where, name, x, rank):
     if not is_tensor(x):
         x = ops.convert_to_tensor(np.asarray(x))

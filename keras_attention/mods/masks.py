@@ -7,22 +7,26 @@ import keras
 from keras import ops
 
 from keras_attention._core import static_dim
+from keras_attention._core.builtins import Band
+from keras_attention._core.builtins import Segments
+from keras_attention._core.mods import Combined
 from keras_attention._core.structure import window as check_window
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import callables
 from keras_attention.mods._common import check_rows
-from keras_attention.mods._common import gather_rows
 from keras_attention.mods._common import integers
 from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class _Causal(Configured):
+class _Causal(Configured, Band):
+    def __init__(self):
+        super().__init__(right=0)
+
     def __call__(self, batch, head, q_idx, kv_idx):
-        batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
-        return kv_idx <= q_idx
+        return super().__call__(*tensors(batch, head, q_idx, kv_idx))
 
     def get_config(self):
         return {}
@@ -53,16 +57,13 @@ def causal():
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class _SlidingWindow(Configured):
+class _SlidingWindow(Configured, Band):
     def __init__(self, window):
         self.window = window
-        self.left, self.right = check_window("sliding_window", window)
+        super().__init__(*check_window("sliding_window", window))
 
     def __call__(self, batch, head, q_idx, kv_idx):
-        batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
-        return ops.logical_and(
-            kv_idx >= q_idx - self.left, kv_idx <= q_idx + self.right
-        )
+        return super().__call__(*tensors(batch, head, q_idx, kv_idx))
 
     def get_config(self):
         return {"window": self.window}
@@ -103,15 +104,12 @@ def sliding_window(window: int | tuple[int, int]):
     return _SlidingWindow(window)
 
 
-class _Document:
-    def __init__(self, query_ids, key_ids):
-        self.query_ids, self.key_ids = query_ids, key_ids
-
+class _Document(Segments):
     def __call__(self, batch, head, q_idx, kv_idx):
         batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
-        query = gather_rows(self.query_ids, batch, q_idx)
-        key = gather_rows(self.key_ids, batch, kv_idx)
-        return ops.logical_and(ops.equal(query, key), ops.not_equal(key, 0))
+        check_rows("document", "segment_ids", self.query_ids, batch)
+        check_rows("document", "segment_ids", self.key_ids, batch)
+        return super().__call__(batch, head, q_idx, kv_idx)
 
     def __repr__(self):
         return "document(segment_ids)"
@@ -310,18 +308,9 @@ def sink_tokens(num_sinks: int):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class _Combined:
-    def __init__(self, mods, conjunction):
-        self.mods, self.conjunction = list(mods), conjunction
-
+class _Combined(Combined):
     def __call__(self, batch, head, q_idx, kv_idx):
-        batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
-        combine = ops.logical_and if self.conjunction else ops.logical_or
-        result = None
-        for mod in self.mods:
-            visible = mod(batch, head, q_idx, kv_idx)
-            result = visible if result is None else combine(result, visible)
-        return result
+        return super().__call__(*tensors(batch, head, q_idx, kv_idx))
 
     def get_config(self):
         return {

@@ -6,11 +6,11 @@ Shape legend: B batch, N heads, T query length, S key length.
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
-from keras_attention._core import alibi_slopes
 from keras_attention._core import static_dim
+from keras_attention._core.builtins import Alibi
+from keras_attention._core.builtins import SoftCap
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import check_heads
@@ -19,7 +19,7 @@ from keras_attention.mods._common import tensors
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class _SoftCap(Configured):
+class _SoftCap(Configured, SoftCap):
     def __init__(self, cap):
         if isinstance(cap, bool) or not (
             isinstance(cap, (int, float)) and 0 < cap < math.inf
@@ -28,13 +28,10 @@ class _SoftCap(Configured):
                 "soft_cap: `cap` must be a positive finite number. "
                 f"Received: cap={cap!r}"
             )
-        self.cap = float(cap)
+        super().__init__(cap)
 
     def __call__(self, score, batch, head, q_idx, kv_idx):
-        score, batch, head, q_idx, kv_idx = tensors(
-            score, batch, head, q_idx, kv_idx
-        )
-        return self.cap * ops.tanh(score / self.cap)
+        return super().__call__(*tensors(score, batch, head, q_idx, kv_idx))
 
     def get_config(self):
         return {"cap": self.cap}
@@ -65,19 +62,16 @@ def soft_cap(cap: float):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class _Alibi(Configured):
+class _Alibi(Configured, Alibi):
     def __init__(self, num_heads):
-        self.num_heads = positive_int("alibi", "num_heads", num_heads)
-        self.slopes = np.asarray(alibi_slopes(self.num_heads), "float32")
+        super().__init__(positive_int("alibi", "num_heads", num_heads))
 
     def __call__(self, score, batch, head, q_idx, kv_idx):
         score, batch, head, q_idx, kv_idx = tensors(
             score, batch, head, q_idx, kv_idx
         )
         check_heads("alibi", "num_heads", self.num_heads, head)
-        slopes = ops.take(ops.convert_to_tensor(self.slopes), head)
-        distance = ops.cast(ops.abs(q_idx - kv_idx), score.dtype)
-        return score - ops.cast(slopes, score.dtype) * distance
+        return super().__call__(score, batch, head, q_idx, kv_idx)
 
     def get_config(self):
         return {"num_heads": self.num_heads}

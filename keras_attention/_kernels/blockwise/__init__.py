@@ -59,11 +59,19 @@ def chunked_attention(query, key, value, mask, structure, scale, chunk_size):
 
 
 def mod_blocks(mask_mod, batch, heads, length, key_length, block):
-    """The block map of `mask_mod` (see `plan.mod_blocks`) on a grid of
+    """The block map of `mask_mod` (see `plan.block_map`) on a grid of
     `batch` rows, `heads` heads, `length` queries and `key_length` keys,
-    in blocks of `block`."""
-    structure = Structure.from_args(where="block_mask", mask_mod=mask_mod)
-    return plan_.mod_blocks(structure, batch, heads, length, key_length, block)
+    in blocks of `block`: a built-in mod's from its ranges, any other
+    evaluated."""
+    structure = Structure.from_args(
+        where="block_mask",
+        batch=batch,
+        query_length=length,
+        key_length=key_length,
+        heads=heads,
+        mask_mod=mask_mod,
+    )
+    return plan_.block_map(structure, batch, heads, length, key_length, block)
 
 
 def with_gradient(plan):

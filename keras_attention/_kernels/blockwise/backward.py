@@ -72,7 +72,7 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
         [ops.zeros(ops.shape(x), plan.compute_dtype) for x in captures],
     )
     # Only the last key block holds padded keys.
-    last = plan.key_blocks - 1 if plan.key_edge.padded else plan.key_blocks
+    last = plan.key_blocks - 1 if plan.padded else plan.key_blocks
     carry = blocks.loop(0, last, key_block, carry, padded=False)
     return blocks.loop(last, plan.key_blocks, key_block, carry, padded=True)
 
@@ -95,15 +95,14 @@ def _query_blocks(plan, tensors, j, padded, query_block, state):
     """`query_block` over the query blocks that see key block `j`, each
     with the structure it must apply."""
     if plan.mask_mod is not None:
-        return blocks.visit(
-            tensors.query_lists, j, query_block, state, plan.full_edge
-        )
-    start, end = plan.query_range(j, tensors)
-    if plan.general:
-        return blocks.loop(start, end, query_block, state, edge=plan.full_edge)
-    # The diagonal block, first in the range, is the causal edge.
-    diagonal = blocks.Edge(causal=plan.is_causal, padded=padded)
-    first_end = blocks.minimum(start + 1, end)
-    state = blocks.loop(start, first_end, query_block, state, edge=diagonal)
-    interior = blocks.Edge(padded=padded)
-    return blocks.loop(start + 1, end, query_block, state, edge=interior)
+        return blocks.visit(plan, tensors.query_lists, j, query_block, state)
+    bounds = plan.query_spans(j, tensors)
+    if plan.is_causal:
+        # The diagonal block, first in the range, is the causal edge.
+        start, end = bounds[:2]
+        diagonal = blocks.Edge(padded=padded, partial=True)
+        first_end = blocks.minimum(start + 1, end)
+        state = blocks.loop(start, first_end, query_block, state, edge=diagonal)
+        interior = blocks.Edge(padded=padded)
+        return blocks.loop(start + 1, end, query_block, state, edge=interior)
+    return blocks.spans(plan, bounds, query_block, state, padded)

@@ -37,14 +37,14 @@ def loop(start, end, body, carry, **flags):
     return fori_loop(start, end, lambda i, c: body(i, c, **flags), carry)
 
 
-def visit(lists, index, body, carry, edge):
+def visit(plan, lists, index, body, carry):
     """`body(j, carry, edge=...)` for each block `j` that the block lists
     (`plan.block_lists`) give row `index`: its partial blocks with the mask
-    mod applied, then its full blocks without it."""
+    mods applied, then its full blocks without them."""
     partial, partial_count, full, full_count = lists
     for columns, count, edge_ in (
-        (partial, partial_count, edge.with_mod()),
-        (full, full_count, edge),
+        (partial, partial_count, plan.partial_edge),
+        (full, full_count, plan.full_edge),
     ):
         row = ops.take(columns, index, axis=0)  # (m,)
 
@@ -53,6 +53,20 @@ def visit(lists, index, body, carry, edge):
 
         carry = fori_loop(0, ops.take(count, index), step, carry)
     return carry
+
+
+def spans(plan, bounds, body, carry, padded):
+    """`body(n, carry, edge=...)` over the blocks `[start, end)` of
+    `bounds = (start, end, full_start, full_end)`: the full ones without
+    the structure's mask mods, the others with them; `padded`: whether
+    every block holds padded keys."""
+    start, end, full_start, full_end = bounds
+    partial = Edge(padded=padded, partial=True)
+    if full_start is end and full_end is end:  # none full (segment ids)
+        return loop(start, end, body, carry, edge=partial)
+    carry = loop(start, full_start, body, carry, edge=partial)
+    carry = loop(full_start, full_end, body, carry, edge=Edge(padded=padded))
+    return loop(full_end, end, body, carry, edge=partial)
 
 
 def fori_loop(start, end, body, carry):
@@ -134,25 +148,19 @@ def real_indices(plan, i, j):
 
 
 class Edge:
-    """Which structure a block pair must apply beyond the user's mask:
-    the top-left causal diagonal, the padded keys of the last key block,
-    a general band, segment ids."""
+    """What a block pair applies beyond the user's mask: the padded keys
+    of the last key block, and, in a partial block pair, every mask mod
+    of the structure (the band, the segment ids, the mask mod)."""
 
-    def __init__(
-        self, causal=False, padded=False, band=False, segments=False, mod=False
-    ):
-        self.causal, self.padded = causal, padded
-        self.band, self.segments, self.mod = band, segments, mod
-
-    def with_mod(self):
-        return Edge(self.causal, self.padded, self.band, self.segments, True)
+    def __init__(self, padded=False, partial=False):
+        self.padded, self.partial = padded, partial
 
 
 def hide(plan, tensors, i, j, logits, edge):
     """`logits` `(P, G*C, C)` of block pair `(i, j)` with every hidden
     position set to a large negative number."""
     c = plan.block
-    mask, query_ids, key_ids = tensors.mask, tensors.query_ids, tensors.key_ids
+    mask = tensors.mask
     visible = None
     if mask is not None:
         b, k, g, rows, _ = ops.shape(mask)  # a batch may be unknown
@@ -163,20 +171,18 @@ def hide(plan, tensors, i, j, logits, edge):
     conditions = []
     if edge.padded:
         conditions.append(keys < plan.key_length)
-    if edge.causal:
-        conditions.append(queries[:, None] >= keys[None, :])  # (C, C)
-    if edge.band:
+    if edge.partial and plan.band is not None:
         conditions.append(
-            plan.structure.band_visible(queries[:, None], keys[None, :])
+            plan.band.visible(queries[:, None], keys[None, :])
         )  # (C, C)
-    if edge.segments:
-        batch = ops.shape(query_ids)[0]
+    if edge.partial and plan.segments is not None:
+        batch = ops.shape(tensors.query_ids)[0]
         same = segments_visible(
-            ops.slice(query_ids, (0, i * c), (batch, c)),
-            ops.slice(key_ids, (0, j * c), (batch, c)),
+            ops.slice(tensors.query_ids, (0, i * c), (batch, c)),
+            ops.slice(tensors.key_ids, (0, j * c), (batch, c)),
         )  # (B, C, C)
         conditions.append(ops.expand_dims(same, (1, 2)))  # (B, 1, 1, C, C)
-    if edge.mod:
+    if edge.partial and plan.mask_mod is not None:
         conditions.append(
             _mod_visible(plan, tensors, *real_indices(plan, i, j))
         )

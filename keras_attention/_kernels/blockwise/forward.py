@@ -48,20 +48,18 @@ def forward(plan, query, key, value, tensors, captures):
             ops.zeros(shape, dtype),
             ops.zeros((*shape, plan.value_dim), dtype),
         )
-        start, end = plan.key_range(i, tensors)
+        bounds = plan.key_spans(i, tensors)
         if plan.mask_mod is not None:
-            state = blocks.visit(
-                tensors.key_lists, i, key_block, state, plan.full_edge
-            )
-        elif plan.general:
-            state = blocks.loop(
-                start, end, key_block, state, edge=plan.full_edge
-            )
+            state = blocks.visit(plan, tensors.key_lists, i, key_block, state)
+        elif plan.is_causal or plan.structure.is_empty:
+            # Every block whole but the last: the diagonal, or the one
+            # with the padded keys.
+            last = bounds[1] - 1
+            state = blocks.loop(0, last, key_block, state, edge=blocks.Edge())
+            edge = blocks.Edge(padded=plan.padded, partial=plan.is_causal)
+            state = key_block(last, state, edge=edge)
         else:
-            state = blocks.loop(
-                start, end - 1, key_block, state, edge=blocks.Edge()
-            )
-            state = key_block(end - 1, state, edge=plan.key_edge)
+            state = blocks.spans(plan, bounds, key_block, state, plan.padded)
         running_max, total, acc = state
         seen = total > 0  # a row with no visible key gives zeros
         safe_total = ops.where(seen, total, ops.ones_like(total))

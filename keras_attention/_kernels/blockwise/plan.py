@@ -11,7 +11,6 @@ from typing import Any
 from typing import NamedTuple
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attention._core import large_negative
@@ -43,10 +42,9 @@ class Plan:
         )
         self.soft_cap = structure.soft_cap
         self.alibi = structure.alibi
+        self.band, self.segments = structure.band, structure.segments
         # Top-left causal: only the diagonal block needs the condition.
         self.is_causal = structure.is_top_left_causal
-        # Any other structure: applied in every block visited.
-        self.general = not structure.is_empty and not self.is_causal
         self.scale = scale
         self.dtypes = tuple(
             keras.backend.standardize_dtype(x.dtype)
@@ -72,122 +70,96 @@ class Plan:
                 query_lists=block_lists(ops.transpose(table)),
             )
         padded = self.key_length % block != 0
-        # The last key block a query block sees: its causal diagonal, and
-        # the one with the padded keys.
-        self.key_edge = blocks.Edge(causal=self.is_causal, padded=padded)
-        # Every block of a general structure.
-        self.full_edge = blocks.Edge(
-            padded=padded,
-            band=structure.has_band,
-            segments=structure.has_segments,
-        )
+        # A partial block pair applies every mask mod of the structure (a
+        # top-left causal diagonal, the band, the segment ids, the mask
+        # mod) and a full one none; the last key block holds the padded
+        # keys.
+        self.partial_edge = blocks.Edge(padded=padded, partial=True)
+        self.full_edge = blocks.Edge(padded=padded)
+
+    @property
+    def padded(self):
+        return self.full_edge.padded
 
     def key_range(self, i, tensors):
         """Key blocks `[start, end)` that query block `i` can see (an
         empty range when `end <= start`)."""
-        if self.is_causal:
-            return 0, blocks.minimum(i + 1, self.key_blocks)
-        c, band = self.block, self.structure
-        start, end = 0, self.key_blocks
-        if band.left is not None:
-            first = i * c + band.offset - band.left  # first row's first key
-            start = blocks.clip(
-                blocks.floor_divide(first, c), 0, self.key_blocks
-            )
-        if band.right is not None:
-            last = i * c + c - 1 + band.offset + band.right
-            end = blocks.clip(
-                blocks.floor_divide(last, c) + 1, 0, self.key_blocks
-            )
-        if band.has_segments:
-            start = ops.maximum(start, ops.take(tensors.key_starts, i))
-            end = ops.minimum(end, ops.take(tensors.key_ends, i))
+        start, end, _, _ = self.key_spans(i, tensors)
         return start, end
 
     def query_range(self, j, tensors):
         """Query blocks `[start, end)` that can see key block `j`."""
-        if self.is_causal:
-            return blocks.minimum(j, self.query_blocks), self.query_blocks
-        c, band = self.block, self.structure
-        start, end = 0, self.query_blocks
-        if band.right is not None:
-            first = j * c - band.right - band.offset
-            start = blocks.clip(
-                blocks.floor_divide(first, c), 0, self.query_blocks
-            )
-        if band.left is not None:
-            last = j * c + c - 1 + band.left - band.offset
-            end = blocks.clip(
-                blocks.floor_divide(last, c) + 1, 0, self.query_blocks
-            )
-        if band.has_segments:
-            start = ops.maximum(start, ops.take(tensors.query_starts, j))
-            end = ops.minimum(end, ops.take(tensors.query_ends, j))
+        start, end, _, _ = self.query_spans(j, tensors)
         return start, end
 
+    def key_spans(self, i, tensors):
+        """Key blocks `(start, end, full_start, full_end)` of query block
+        `i`: the ones it can see, and among them the ones each of its
+        rows sees whole (the structure's mask mods need no elementwise
+        mask there)."""
+        if self.band is None:
+            start, end = 0, self.key_blocks
+            full_start, full_end = start, end
+        else:
+            start, end, full_start, full_end = self.band.key_blocks(
+                i, self.block, self.key_blocks
+            )
+        if self.segments is not None:
+            start = ops.maximum(start, ops.take(tensors.key_starts, i))
+            end = ops.minimum(end, ops.take(tensors.key_ends, i))
+            full_start = full_end = end
+        return start, end, full_start, full_end
+
+    def query_spans(self, j, tensors):
+        """Query blocks `(start, end, full_start, full_end)` of key block
+        `j`, as `key_spans`."""
+        if self.band is None:
+            start, end = 0, self.query_blocks
+            full_start, full_end = start, end
+        else:
+            start, end, full_start, full_end = self.band.query_blocks(
+                j, self.block, self.query_blocks
+            )
+        if self.segments is not None:
+            start = ops.maximum(start, ops.take(tensors.query_starts, j))
+            end = ops.minimum(end, ops.take(tensors.query_ends, j))
+            full_start = full_end = end
+        return start, end, full_start, full_end
+
     def _mod_blocks(self):
-        """Each block pair under the mask mod (see `mod_blocks`), with the
-        block pairs outside the structure's ranges `EMPTY`; a `BlockTable`
-        of the call's sizes gives its own."""
+        """Each block pair under every mask mod of the structure (see
+        `block_map`); a `BlockTable` of the call's sizes gives its own
+        map of the mask mod."""
         mod = self.structure.mask_mod
+        table = None
         if isinstance(mod, BlockTable) and mod.fits(
             self.batch, self.heads, self.length, self.key_length, self.block
         ):
             table = ops.convert_to_tensor(mod.blocks)
-        else:
-            table = mod_blocks(
-                self.structure,
-                self.batch,
-                self.heads,
-                self.length,
-                self.key_length,
-                self.block,
-            )
-        if not (self.structure.has_band or self.structure.has_segments):
-            return table
-        columns = ops.arange(self.key_blocks)
-
-        def row(i, table):
-            start, end = self.key_range(i, self.tensors)
-            inside = ops.logical_and(columns >= start, columns < end)
-            kinds = ops.where(inside, ops.take(table, i, axis=0), EMPTY)
-            return ops.slice_update(
-                table, (i, 0), ops.cast(kinds, "int32")[None]
-            )
-
-        return blocks.fori_loop(0, self.query_blocks, row, table)
+        return block_map(
+            self.structure,
+            self.batch,
+            self.heads,
+            self.length,
+            self.key_length,
+            self.block,
+            table=table,
+        )
 
     def _segment_reach(self, query_ids, key_ids):
-        """The block ranges segment ids leave: for each query block, the
-        first and one past the last key block holding one of its ids in
-        some row of the batch, `(T'/C,)` twice; the same for each key
-        block over the query blocks, `(S'/C,)` twice; or four `None`.
-
-        A block's ids span `[lo, hi]` (0, padding, left out); two blocks
-        can share an id only where their spans overlap, and a range
-        covers every block between its first and last overlap."""
+        """The block ranges the segment ids leave (`Segments.reach`), or
+        four `None`."""
         if query_ids is None:
             return None, None, None, None
-        query_lo, query_hi = id_span(query_ids, self.block)  # (B, T'/C)
-        key_lo, key_hi = id_span(key_ids, self.block)  # (B, S'/C)
-        meets = ops.logical_and(
-            query_lo[:, :, None] <= key_hi[:, None, :],
-            key_lo[:, None, :] <= query_hi[:, :, None],
-        )  # (B, T'/C, S'/C)
-        meets = ops.any(meets, axis=0)
-        return (*_first_and_end(meets), *_first_and_end(ops.transpose(meets)))
+        return self.segments.reach(query_ids, key_ids, self.block)
 
     def _blocked_segments(self, structure):
         """Query and key segment ids `(B, T')`, `(B, S')`, padded with 0
         (hidden), or `None` twice."""
         if not structure.has_segments:
             return None, None
-        return (
-            ops.pad(structure.query_segments, [(0, 0), (0, self._pad(
-                self.length))]),
-            ops.pad(structure.key_segments, [(0, 0), (0, self._pad(
-                self.key_length))]),
-        )  # fmt: skip
+        return blocked_ids(structure.segments, self.length, self.key_length,
+                           self.block)  # fmt: skip
 
     def _blocked_mask(self, mask):
         """`(B|1, N|1, T|1, S)` as `(B|1, K|1, G|1, T'|1, S')`, padded
@@ -271,6 +243,40 @@ def mod_blocks(structure, batch, heads, length, key_length, block):
     return blocks.fori_loop(0, query_blocks, row, table)
 
 
+def block_map(structure, batch, heads, length, key_length, block, table=None):
+    """Each block pair of `block` rows under every mask mod of
+    `structure`, int32 `(T'/C, S'/C)`: `EMPTY` where one of them hides
+    every position, `FULL` where all of them show every one, else
+    `PARTIAL`. The mask mod's map is `table` if given, else evaluated
+    (`mod_blocks`); the band's comes from its bounds, the segment ids'
+    from each block's ids (`Segments.block_kinds`)."""
+    if table is None and structure.mask_mod is not None:
+        table = mod_blocks(structure, batch, heads, length, key_length, block)
+    if table is None:
+        shape = (-(-length // block), -(-key_length // block))
+        table = ops.full(shape, FULL, "int32")
+    if structure.band is not None:
+        kinds = structure.band.block_kinds(length, key_length, block)
+        table = ops.minimum(table, kinds)
+    if structure.segments is not None:
+        ids = blocked_ids(structure.segments, length, key_length, block)
+        kinds = structure.segments.block_kinds(*ids, block)
+        table = ops.minimum(table, kinds)
+    return ops.cast(table, "int32")
+
+
+def blocked_ids(segments, length, key_length, block):
+    """The query and key ids of `segments`, `(B, T')` and `(B, S')`,
+    padded to whole blocks with 0 (hidden)."""
+    return tuple(
+        ops.pad(ids, [(0, 0), (0, -n % block)])
+        for ids, n in (
+            (segments.query_ids, length),
+            (segments.key_ids, key_length),
+        )
+    )
+
+
 def block_lists(table):
     """For each row of a block table `(n, m)`: the columns of its
     `PARTIAL` blocks, in order and first in an `(n, m)` row, and their
@@ -287,25 +293,3 @@ def block_lists(table):
 
 def _bound(mod):
     return None if mod is None else Bound(mod)
-
-
-def id_span(ids, block):
-    """Each block's smallest and largest non-zero id, `(B, n)` twice; a
-    block of padding only spans `[max, min]` of the dtype, which no span
-    overlaps."""
-    dtype = keras.backend.standardize_dtype(ids.dtype)
-    info = np.iinfo(dtype)
-    ids = ops.reshape(ids, (ops.shape(ids)[0], -1, block))  # (B, n, C)
-    real = ops.not_equal(ids, 0)
-    low = ops.min(ops.where(real, ids, ops.full_like(ids, info.max)), -1)
-    high = ops.max(ops.where(real, ids, ops.full_like(ids, info.min)), -1)
-    return low, high
-
-
-def _first_and_end(meets):
-    """For each row of `meets` `(n, m)`: its first true column and one
-    past its last, int32 `(n,)` twice (`m` and `0` for a row with none)."""
-    columns = ops.arange(meets.shape[1], dtype="int32")
-    first = ops.min(ops.where(meets, columns, meets.shape[1]), -1)
-    end = ops.max(ops.where(meets, columns + 1, 0), -1)
-    return first, end

@@ -45,6 +45,10 @@ def per_head(batch, head, q_idx, kv_idx):
     return (q_idx + kv_idx + head + 2 * batch) % 4 != 0
 
 
+def causal_function(batch, head, q_idx, kv_idx):
+    return kv_idx <= q_idx
+
+
 def np_per_head(heads):
     b, n, i, j = np.ix_(range(B), range(heads), range(T), range(S))
     return (i + j + n + 2 * b) % 4 != 0
@@ -69,9 +73,16 @@ MASK_MODS = {  # name: (mod, NumPy spec or a function of the head count)
         ("and", [("causal", None), ("chunked", 3)]),
     ),
     "per batch and head": (per_head, np_per_head),
+    # Causal as a function of its own: evaluated into a map of blocks,
+    # where mods.causal() runs as is_causal does.
+    "causal function": (causal_function, ("causal", None)),
     "block mask": (
         mods.block_mask(mods.causal(), B, 4, T, S, block_size=SMALL_CHUNK),
         ("causal", None),
+    ),
+    "block mask of chunks": (
+        mods.block_mask(mods.chunked(4), B, 4, T, S, block_size=SMALL_CHUNK),
+        ("chunked", 4),
     ),
 }
 
@@ -204,6 +215,12 @@ def check(cases, arrays, visible, transform=None, held_grads=None):
         ("prefix_lm", {"is_causal": True}),
         ("chunked", {"sliding_window": 3, "segment_ids": (QUERY_IDS, KEY_IDS)}),
         ("sinks or window", {"is_causal": "bottom_right"}),
+        # Built-in mods that cannot join the arguments' structure (another
+        # alignment, a second set of ids) stay mods; one that can narrows
+        # the band.
+        ("causal", {"is_causal": "bottom_right"}),
+        ("document", {"segment_ids": (QUERY_IDS, np.roll(KEY_IDS, 1, 1))}),
+        ("window (2, 1)", {"is_causal": True}),
     ],
 )
 def test_mask_mods_combine_with_the_structure_arguments(name, structure):
@@ -219,6 +236,63 @@ def test_mask_mods_combine_with_the_structure_arguments(name, structure):
         if path != "symbolic" or "segment_ids" not in structure
     ]
     check(cases, (q, k, v), np_visible(spec, q, mask, **structure))
+
+
+BUILT_IN = {  # name: (the mods, the arguments they are)
+    "causal": ({"mask_mod": mods.causal()}, {"is_causal": True}),
+    "window": (
+        {"mask_mod": mods.sliding_window((2, 1))},
+        {"sliding_window": (2, 1)},
+    ),
+    "causal window": (
+        {"mask_mod": mods.and_masks(mods.causal(), mods.sliding_window(3))},
+        {"sliding_window": 3, "is_causal": True},
+    ),
+    "document": (
+        {"mask_mod": mods.document((QUERY_IDS, KEY_IDS))},
+        {"segment_ids": (QUERY_IDS, KEY_IDS)},
+    ),
+    "block mask": (
+        {"mask_mod": MASK_MODS["block mask"][0]},
+        {"is_causal": True},
+    ),
+    "soft cap": (
+        {"score_mod": mods.soft_cap(2.0)},
+        {"logit_soft_cap": 2.0},
+    ),
+    "alibi": ({"score_mod": mods.alibi(4)}, {"alibi": True}),
+}
+
+
+@pytest.mark.parametrize("name", list(BUILT_IN))
+def test_built_in_mods_run_as_the_structure_arguments(name):
+    """A built-in mod is the structure argument it names: the same
+    structure, the same `explain()`, the same numbers on every path."""
+    from keras_attention._core import Structure
+
+    q, k, v, mask = inputs("gqa")
+    given, arguments = BUILT_IN[name]
+    q, k, v = (ops.convert_to_tensor(x) for x in (q, k, v))
+    made = [
+        Structure.of_call("test", q, k, **kwargs)
+        for kwargs in (given, arguments)
+    ]
+    for structure in made:
+        assert structure.mask_mod is None and structure.score_mod is None
+    bands = [(s.left, s.right, s.offset) if s.band else None for s in made]
+    assert bands[0] == bands[1]
+    assert len({(s.alibi, s.soft_cap, s.has_segments) for s in made}) == 1
+    for path in PATHS:
+        with path_context(path):
+            outputs = [
+                ops.convert_to_numpy(
+                    F.scaled_dot_product_attention(q, k, v, mask, **kwargs)
+                )
+                for kwargs in (given, arguments)
+            ]
+            reports = [str(F.explain(q, k, **kw)) for kw in (given, arguments)]
+        np.testing.assert_array_equal(*outputs)
+        assert reports[0] == reports[1]
 
 
 def relative_bias(table):
@@ -422,11 +496,18 @@ def test_explain_counts_the_block_pairs_a_mask_mod_leaves():
     q = keras.KerasTensor((B, 12, 4, 4))
     with path_context("chunked"):
         report = F.explain(
-            q, q, mask_mod=mods.causal(), score_mod=mods.soft_cap(5.0)
+            q,
+            q,
+            mask_mod=causal_function,
+            score_mod=mods.alibi(4),
+            logit_soft_cap=5.0,  # before ALiBi: the mod stays a mod
         )
+        # With a window: the band's blocks are in the map too.
+        windowed = F.explain(q, q, mask_mod=causal_function, sliding_window=4)
     assert report.path == "chunked"
     assert "10 of 16 block pairs visited (62%; 6 without" in report.structure
-    assert "score mod soft_cap(5) applied inside each block" in report.structure
+    assert "score mod alibi(4) applied inside each block" in report.structure
+    assert "7 of 16 block pairs visited (44%; 0 without" in windowed.structure
     layer = ka_layer()
     report = layer.explain(8, mask_mod=per_head)
     assert "mask mod function per_head evaluated" in report.structure
@@ -447,7 +528,7 @@ def test_a_block_mask_is_read_only_where_its_sizes_fit():
     q, k, v, _ = inputs("gqa")
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     for batch, expect_zeros in ((B, True), (1, False)):
-        mask = mods.block_mask(mods.causal(), batch, 4, T, S, SMALL_CHUNK)
+        mask = mods.block_mask(causal_function, batch, 4, T, S, SMALL_CHUNK)
         mask.blocks = ops.zeros_like(mask.blocks)  # every pair "empty"
         with path_context("chunked"):
             got = F.scaled_dot_product_attention(q, k, v, mask_mod=mask)
