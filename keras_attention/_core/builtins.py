@@ -18,6 +18,10 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._core.mods import Chained
+from keras_attention._core.mods import Combined
+from keras_attention._core.mods import Positioned
+
 # A band bound this wide reaches every key of any sequence that fits in
 # memory; kept as a number, `p + right` could overflow int32 positions.
 _REACH = 2**30
@@ -233,6 +237,43 @@ def alibi_slopes(num_heads):
     return powers(base) + powers(2 * base)[0::2][: num_heads - base]
 
 
+def conjuncts(mod):
+    """The mask mods that must all allow a key for `mod` to."""
+    if isinstance(mod, Positioned) and _is_conjunction(mod.mod):
+        return [m for p in mod.mod.mods for m in conjuncts(mod.rewrapped(p))]
+    if _is_conjunction(mod):
+        return [m for part in mod.mods for m in conjuncts(part)]
+    return [] if mod is None else [mod]
+
+
+def _is_conjunction(mod):
+    return isinstance(mod, Combined) and mod.conjunction
+
+
+def links(mod):
+    """The score mods applied one after the other for `mod`."""
+    if isinstance(mod, Positioned) and isinstance(mod.mod, Chained):
+        return [m for p in mod.mod.mods for m in links(mod.rewrapped(p))]
+    if isinstance(mod, Chained):
+        return [m for part in mod.mods for m in links(part)]
+    return [] if mod is None else [mod]
+
+
+def unpositioned(mod):
+    """A positioned built-in mod as the built-in mod of its offset (the
+    query position minus the key position); any other mod as it is."""
+    if not isinstance(mod, Positioned):
+        return mod
+    inner, shift = mod.mod, mod.offset
+    if isinstance(inner, Band):
+        return inner.shifted(shift)
+    if isinstance(inner, Alibi):
+        return Alibi(inner.num_heads, _add(inner.offset, shift))
+    if isinstance(inner, SoftCap):
+        return inner
+    return mod
+
+
 def _gather_rows(ids, batch, index):
     """`ids[batch, index]` for broadcasting index tensors."""
     length = ops.shape(ids)[1]
@@ -275,6 +316,14 @@ def static_length(ids):
     """The length of `ids` `(B, L)`: static where known."""
     length = ids.shape[1]
     return length if isinstance(length, int) else ops.shape(ids)[1]
+
+
+def _add(a, b):
+    if isinstance(a, int) and a == 0:
+        return b
+    if isinstance(b, int) and b == 0:
+        return a
+    return a + b
 
 
 def _tighter(a, b):

@@ -2,12 +2,14 @@
 
 The structural arguments of `scaled_dot_product_attention` (`is_causal`,
 `sliding_window`, `segment_ids`, `alibi`, `logit_soft_cap`, `mask_mod`,
-`score_mod`) are checked
-and normalised here, once, into a `Structure` (`Structure.from_args`);
-each path lowers it its own way. The chunked path
-visits only the key blocks a query block can see and applies the rest
-inside each block; the fused path hands PyTorch its causal flag where
-that is the whole structure; the reference path builds the dense mask.
+`score_mod`) are checked and normalised here, once, into a `Structure`
+(`Structure.from_args`) of built-in mods (`_core.builtins`: a band,
+segment ids, a soft cap, ALiBi) and the user's mods; a built-in mod
+given as a mod joins the arguments' own. Each path lowers it its own
+way. The blockwise path visits only the key blocks a query block can
+see and applies the masks only in the blocks they cut; the fused path
+hands PyTorch its causal flag where that is the whole structure; the
+reference path builds the dense mask.
 
 Positions: query `i` stands at position `p = i + offset` among the keys,
 `offset = 0` for top-left alignment and `S - T` for bottom-right (the
@@ -29,15 +31,16 @@ from keras_attention._core.builtins import Alibi
 from keras_attention._core.builtins import Band
 from keras_attention._core.builtins import Segments
 from keras_attention._core.builtins import SoftCap
+from keras_attention._core.builtins import conjuncts
+from keras_attention._core.builtins import links
 from keras_attention._core.builtins import segments_visible
+from keras_attention._core.builtins import unpositioned
 from keras_attention._core.checks import check_length
 from keras_attention._core.checks import host_integers
 from keras_attention._core.checks import is_tensor
 from keras_attention._core.checks import static_dim
 from keras_attention._core.mods import BlockTable
-from keras_attention._core.mods import Chained
 from keras_attention._core.mods import Combined
-from keras_attention._core.mods import Positioned
 from keras_attention._core.mods import chained
 from keras_attention._core.mods import check_mod
 from keras_attention._core.mods import grid
@@ -173,12 +176,12 @@ class Structure:
         `is_causal=True`. Built-in score mods at the end of the chain
         become the soft cap and ALiBi where that keeps their order (score
         mod, soft cap, ALiBi). The rest stay mods."""
-        rest = [m for m in _conjuncts(mask_mod) if not self._takes(m, shape)]
+        rest = [m for m in conjuncts(mask_mod) if not self._takes(m, shape)]
         self.mask_mod = (
             None if not rest else rest[0] if len(rest) == 1 else Combined(rest)
         )
-        chain = _links(score_mod)
-        alibi = _unpositioned(chain[-1]) if chain else None
+        chain = links(score_mod)
+        alibi = unpositioned(chain[-1]) if chain else None
         if (
             isinstance(alibi, Alibi)
             and not self.alibi
@@ -188,7 +191,7 @@ class Structure:
         ):
             self.alibi = True
             chain.pop()
-        cap = _unpositioned(chain[-1]) if chain else None
+        cap = unpositioned(chain[-1]) if chain else None
         if isinstance(cap, SoftCap) and self.soft_cap is None:
             self.soft_cap = cap.cap
             chain.pop()
@@ -200,7 +203,7 @@ class Structure:
         if not isinstance(mod, BlockTable):
             return self._joins(mod, shape)
         trial = copy.copy(self)
-        if all(trial._joins(m, shape) for m in _conjuncts(mod.mask_mod)):
+        if all(trial._joins(m, shape) for m in conjuncts(mod.mask_mod)):
             self.band, self.offset = trial.band, trial.offset
             self.segments = trial.segments
             return True
@@ -208,7 +211,7 @@ class Structure:
 
     def _joins(self, mod, shape):
         """Whether built-in mask mod `mod` joined the structure."""
-        mod = _unpositioned(mod)
+        mod = unpositioned(mod)
         if isinstance(mod, Band):
             if self.band is None and (
                 not self.alibi or _same(mod.offset, self.offset)
@@ -337,43 +340,6 @@ class Structure:
         return visible
 
 
-def _conjuncts(mod):
-    """The mask mods that must all allow a key for `mod` to."""
-    if isinstance(mod, Positioned) and _is_conjunction(mod.mod):
-        return [m for p in mod.mod.mods for m in _conjuncts(mod.rewrapped(p))]
-    if _is_conjunction(mod):
-        return [m for part in mod.mods for m in _conjuncts(part)]
-    return [] if mod is None else [mod]
-
-
-def _is_conjunction(mod):
-    return isinstance(mod, Combined) and mod.conjunction
-
-
-def _links(mod):
-    """The score mods applied one after the other for `mod`."""
-    if isinstance(mod, Positioned) and isinstance(mod.mod, Chained):
-        return [m for p in mod.mod.mods for m in _links(mod.rewrapped(p))]
-    if isinstance(mod, Chained):
-        return [m for part in mod.mods for m in _links(part)]
-    return [] if mod is None else [mod]
-
-
-def _unpositioned(mod):
-    """A positioned built-in mod as the built-in mod of its offset (the
-    query position minus the key position); any other mod as it is."""
-    if not isinstance(mod, Positioned):
-        return mod
-    inner, shift = mod.mod, mod.offset
-    if isinstance(inner, Band):
-        return inner.shifted(shift)
-    if isinstance(inner, Alibi):
-        return Alibi(inner.num_heads, _add(inner.offset, shift))
-    if isinstance(inner, SoftCap):
-        return inner
-    return mod
-
-
 def _fits(ids, shape):
     ids_shape = tuple(static_dim(d) for d in ids.shape)
     return None not in ids_shape and ids_shape == tuple(shape)
@@ -384,10 +350,6 @@ def _same(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     return a is b
-
-
-def _add(a, b):
-    return b if _is_zero(a) else a if _is_zero(b) else a + b
 
 
 def _check_alibi(where, alibi):
