@@ -142,7 +142,8 @@ def main():
     )
     query = keras.KerasTensor((16, row_length, HEADS, DIM // HEADS))
     mask_mod = mods.and_masks(mods.causal(), mods.document(ids[:16]))
-    print(functional.explain(query, query, mask_mod=mask_mod).structure)
+    report = functional.explain(query, query, mask_mod=mask_mod)
+    print(f"attention on the {report.path} path: {report.structure}")
 
 
 if __name__ == "__main__":

@@ -146,10 +146,34 @@ class Bound:
             if new is not old
         }
         mod = _substitute(self.mod, replaced, {}) if replaced else self.mod
-        if not mapping:
-            return mod(*args)
-        with keras.StatelessScope(state_mapping=mapping):
-            return mod(*args)
+        with _Reads(mapping) as reads:
+            result = mod(*args)
+        if reads.missed:
+            names = ", ".join(sorted({v.path for v in reads.missed}))
+            raise ValueError(
+                f"A mod reads the trainable Keras variables {names}, which "
+                "it holds where they cannot be found (for instance through "
+                "a helper function): on the blockwise path they would get "
+                "no gradient. Close over them, pass them as default "
+                "arguments or attributes, or use a Keras layer as the mod. "
+                f"Received: {self.mod!r}"
+            )
+        return result
+
+
+class _Reads(keras.StatelessScope):
+    """A stateless scope with the values of the variables a mod holds,
+    which notes the trainable variables read that it has no value for."""
+
+    def __init__(self, mapping):
+        super().__init__(state_mapping=mapping)
+        self.missed = []
+
+    def get_current_value(self, variable):
+        value = super().get_current_value(variable)
+        if value is None and variable.trainable:
+            self.missed.append(variable)
+        return value
 
 
 def _reachable(mod):

@@ -128,6 +128,17 @@ def _visited(query, key, structure):
     )
 
 
+def _holding(structure):
+    """`" of the causal band and the segment ids"`: what a dense mask
+    holds of the structure, or `""`."""
+    held = []
+    if structure.has_band:
+        held.append("the causal band" if structure.causal else "the band")
+    if structure.has_segments:
+        held.append("the segment ids")
+    return f" of {' and '.join(held)}" if held else ""
+
+
 def _lowering(path, mask, structure):
     parts = []
     if structure.is_empty and not structure.causal:
@@ -156,7 +167,7 @@ def _lowering(path, mask, structure):
     ):
         parts.append("the kernel's causal flag (it skips the masked blocks)")
     else:
-        parts.append("a dense (T, S) mask")
+        parts.append(f"a dense (T, S) mask{_holding(structure)}")
     if mask is not None:
         parts.append("with the given mask")
     if structure.soft_cap is not None:

@@ -430,6 +430,32 @@ def test_score_mod_variables_get_gradients_on_every_path():
     )
 
 
+_HIDDEN_SCALE = []
+
+
+def _hidden_scale():
+    return _HIDDEN_SCALE[0]
+
+
+def test_a_variable_a_mod_reads_unseen_is_refused_on_the_blockwise_path():
+    """A score mod that reads a trainable variable through a helper
+    function: the reference path differentiates it as it runs; the
+    blockwise path, which must hold it to differentiate it, refuses."""
+    _HIDDEN_SCALE[:] = [keras.Variable(2.0, name="hidden_scale")]
+    q, k, v, mask = inputs("gqa")
+
+    def mod(score, batch, head, q_idx, kv_idx):
+        return score * _hidden_scale()
+
+    with path_context("reference"):
+        F.scaled_dot_product_attention(q, k, v, score_mod=mod)
+    with (
+        path_context("chunked"),
+        pytest.raises(ValueError, match="reads the trainable Keras var"),
+    ):
+        F.scaled_dot_product_attention(q, k, v, score_mod=mod)
+
+
 def test_hidden_keys_get_exactly_zero_gradients():
     """Keys that a mask mod hides from every query get gradients of
     exactly 0 on every path, also through a score mod."""
