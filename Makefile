@@ -96,8 +96,8 @@ clean:
 
 # Every benchmark once per backend, each in its own process, then the
 # tables and plots of docs/performance.md. BENCH_ARGS=--quick for a short run.
-BENCHMARKS := layers causal memory generation structure mods rnn_decoder \
-	quantization
+BENCHMARKS := layers causal memory generation structure mods relative_bias \
+	rnn_decoder quantization
 BENCH_ARGS ?=
 bench: $(STAMP)
 	cd benchmarks && for backend in $(BACKENDS); do \

@@ -91,6 +91,9 @@ class Structure:
         has_bound = band.left is not None or band.right is not None
         self.band = band if has_bound else None
         self.segments = None if segments[0] is None else Segments(*segments)
+        # The mask mod's block map once a path has evaluated it:
+        # `((batch, heads, T, S, block), table)`, reused by the next.
+        self.mod_map = None
 
     @classmethod
     def from_args(

@@ -4,7 +4,9 @@ which overrides it.
 A path is chosen only where it is faster than the reference and gives the
 reference's outputs and gradients: the fused kernel on PyTorch and on JAX
 with a GPU; blockwise attention for long sequences where no fused kernel
-runs (TensorFlow, JAX on CPU). Every path exists on every backend, so each
+runs (TensorFlow, JAX on CPU), and on PyTorch's CPU where the structure
+leaves few block pairs (`SPARSE_FRACTION`), which the kernel would all
+compute under a dense mask. Every path exists on every backend, so each
 can be forced and checked everywhere.
 
 Shape legend: B batch, T query length, S key length, N query heads,
@@ -14,16 +16,28 @@ K key/value heads, H head dim, V value head dim.
 import contextlib
 import math
 
+from keras import ops
+
 from keras_attention import _core
 from keras_attention._kernels import backends
 from keras_attention._kernels import runtime
 from keras_attention._kernels.blockwise import chunked_attention
+from keras_attention._kernels.blockwise import plan
 from keras_attention._kernels.fused import fused_attention
 from keras_attention._kernels.fused import refusal
 from keras_attention._kernels.fused import structure_refusal
 
 CHUNK_SIZE = 256  # query and key rows per block of the chunked path
 CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
+# Where a fused kernel takes the structure as a dense mask, the blockwise
+# path wins once the structure leaves at most this fraction of block pairs
+# (on backends where `sparse_blocks_beat_fused()`). Measured with
+# benchmarks/mods.py (attention alone, forward and backward, B=2, T=4096,
+# 8 heads of 64, float32) on PyTorch on a 2-core CPU: SDPA with the dense
+# mask takes 2.0-2.5 s whatever the pattern; the blockwise path 0.7-0.9 s
+# with 12% of the block pairs left (documents, chunks) and 3.5 s with 64%
+# (prefix-LM), so they break even near 40%.
+SPARSE_FRACTION = 0.3
 
 
 def reference_attention(query, key, value, mask, structure, scale):
@@ -98,7 +112,7 @@ def choose(query, key, value=None, weights=False, structure=None):
         reason = "PyTorch is tracing or exporting the program"
         return "reference", {"fused": reason, "chunked": reason}
     if has_fused_kernel():
-        return _choose_with_kernel(query, value, structure)
+        return _choose_with_kernel(query, key, value, structure)
     refused = {
         "fused": f"no fused kernel on {backends.current().device_name()}"
     }
@@ -118,16 +132,50 @@ def choose(query, key, value=None, weights=False, structure=None):
     return "reference", refused
 
 
-def _choose_with_kernel(query, value, structure):
+def _choose_with_kernel(query, key, value, structure):
     reason = None if value is None else refusal(query, value)
     if structure is not None and structure_refusal(structure):
         reason = structure_refusal(structure)
     if reason is None:
-        return "fused", {}
+        sparse = _sparse_reason(query, key, structure)
+        return ("chunked", {"fused": sparse}) if sparse else ("fused", {})
     return "reference", {
         "fused": reason,
         "chunked": "not used where a fused kernel exists (not measured faster)",
     }
+
+
+def _sparse_reason(query, key, structure):
+    """Why the blockwise path beats the fused kernel for this call (the
+    structure leaves few block pairs, which the kernel would compute
+    under a dense mask), or `None`."""
+    if (
+        structure is None
+        or not backends.current().sparse_blocks_beat_fused()
+        or structure.is_top_left_causal  # the kernel skips those blocks
+        or (structure.band, structure.segments, structure.mask_mod)
+        == (None, None, None)
+    ):
+        return None
+    sizes = [runtime.static_dim(d) for d in (*query.shape[:2], key.shape[1])]
+    if None in sizes or sizes[1] < CHUNKED_MIN_LENGTH or sizes[2] < CHUNK_SIZE:
+        return None
+    batch, query_length, key_length = sizes
+    heads = 1 if len(query.shape) == 3 else query.shape[2]
+    fraction = plan.visited_fraction(
+        structure, batch, heads, query_length, key_length, chunk_size()
+    )
+    # Read only where that is free (not traced, compiled or on a device).
+    per_mille = backends.current().concrete_int(
+        ops.cast(ops.round(fraction * 1000), "int32")
+    )
+    if per_mille is None or per_mille > 1000 * SPARSE_FRACTION:
+        return None
+    return (
+        f"the structure leaves {per_mille / 10:.0f}% of the block pairs; at "
+        f"most {SPARSE_FRACTION:.0%}, skipping the others beats the kernel "
+        "on a dense mask"
+    )
 
 
 def attention(

@@ -12,8 +12,10 @@ Every module here defines the same names, so the rest of the kernels ask
 * `fused_kernel(query, key, value, mask, is_causal, scale, bias)` (the
   backend's attention kernel, which every backend has so that the path
   can be forced and checked), `has_fused_kernel()` (whether it is worth
-  choosing on this device) and `fused_refusal(query, value)` (inputs it
-  cannot take);
+  choosing on this device), `fused_refusal(query, value)` (inputs it
+  cannot take) and `sparse_blocks_beat_fused()` (whether the blockwise
+  path, skipping the blocks a structure leaves empty, beats the kernel
+  when few are left: `dispatch.SPARSE_FRACTION`);
 * running programs: `without_gradients()`, `compile_function(fn)`,
   `PROGRAMS_TAKE_VARIABLES`, `is_symbolic_dim(value)`, `is_exporting()`,
   `concrete_int(tensor)` (a 0-d tensor's value, or `None` when reading

@@ -53,6 +53,10 @@ def has_fused_kernel() -> bool:
     return jax.default_backend() == "gpu"
 
 
+def sparse_blocks_beat_fused() -> bool:
+    return False  # not measured on a GPU; on CPU there is no fused kernel
+
+
 def fused_refusal(query, value):
     """JAX's kernel needs the value head dim to equal the key head dim,
     and on CPU (its XLA implementation) it cannot multiply float16 into

@@ -102,6 +102,10 @@ def has_fused_kernel() -> bool:
     return False
 
 
+def sparse_blocks_beat_fused() -> bool:
+    return False  # no fused kernel
+
+
 def fused_refusal(query, value):
     return None
 

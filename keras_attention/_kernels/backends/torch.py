@@ -91,6 +91,12 @@ def has_fused_kernel() -> bool:
     return True
 
 
+def sparse_blocks_beat_fused() -> bool:
+    # Measured on CPU (see `dispatch.SPARSE_FRACTION`); GPU kernels skip
+    # masked blocks themselves and are not measured against ours.
+    return keras.src.backend.torch.core.get_device() == "cpu"
+
+
 def fused_refusal(query, value):
     return None
 

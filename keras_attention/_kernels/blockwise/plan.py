@@ -130,12 +130,6 @@ class Plan:
         """Each block pair under every mask mod of the structure (see
         `block_map`); a `BlockTable` of the call's sizes gives its own
         map of the mask mod."""
-        mod = self.structure.mask_mod
-        table = None
-        if isinstance(mod, BlockTable) and mod.fits(
-            self.batch, self.heads, self.length, self.key_length, self.block
-        ):
-            table = ops.convert_to_tensor(mod.blocks)
         return block_map(
             self.structure,
             self.batch,
@@ -143,7 +137,14 @@ class Plan:
             self.length,
             self.key_length,
             self.block,
-            table=table,
+            table=known_mod_blocks(
+                self.structure,
+                self.batch,
+                self.heads,
+                self.length,
+                self.key_length,
+                self.block,
+            ),
         )
 
     def _segment_reach(self, query_ids, key_ids):
@@ -241,6 +242,32 @@ def mod_blocks(structure, batch, heads, length, key_length, block):
 
     table = ops.zeros((query_blocks, columns), "int32")
     return blocks.fori_loop(0, query_blocks, row, table)
+
+
+def known_mod_blocks(structure, batch, heads, length, key_length, block):
+    """The map of the mask mod of `structure` for a call of these sizes
+    where it is already known (a `BlockTable` made for them, or one
+    `visited_fraction` evaluated), else `None`."""
+    sizes = (batch, heads, length, key_length, block)
+    mod = structure.mask_mod
+    if isinstance(mod, BlockTable) and mod.fits(*sizes):
+        return ops.convert_to_tensor(mod.blocks)
+    if structure.mod_map is not None and structure.mod_map[0] == sizes:
+        return structure.mod_map[1]
+    return None
+
+
+def visited_fraction(structure, batch, heads, length, key_length, block):
+    """The fraction of block pairs the blockwise path visits in a call of
+    these sizes (a 0-d float32 tensor). The mask mod's map it evaluates
+    stays on `structure`, for the path that runs next."""
+    sizes = (batch, heads, length, key_length, block)
+    table = known_mod_blocks(structure, *sizes)
+    if table is None and structure.mask_mod is not None:
+        table = mod_blocks(structure, *sizes)
+        structure.mod_map = (sizes, table)
+    table = block_map(structure, *sizes, table=table)
+    return ops.mean(ops.cast(table > 0, "float32"))
 
 
 def block_map(structure, batch, heads, length, key_length, block, table=None):

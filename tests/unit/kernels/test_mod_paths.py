@@ -548,6 +548,45 @@ def ka_layer():
     return layer
 
 
+@pytest.mark.parametrize("pattern", ["chunks", "prefix"])
+def test_the_automatic_path_skips_blocks_where_that_is_faster(pattern):
+    """1024 positions in the dispatch's blocks of 256: chunks of 256 leave
+    4 of the 16 block pairs, a prefix-LM mask with a prefix of 512 leaves
+    11. A fused kernel that would take the pattern as a dense mask
+    (PyTorch on CPU) leaves the first to the blockwise path and runs the
+    second; without a fused kernel both run blockwise. The automatic
+    path gives the reference's outputs and gradients."""
+    length, block = 1024, ka._kernels.CHUNK_SIZE
+    generator = rng(3)
+    q, k, v = (
+        generator.standard_normal((B, length, heads, 4)).astype("float32")
+        for heads in (2, 1, 1)
+    )
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    mod, visible = {
+        "chunks": (mods.chunked(block), i // block == j // block),
+        "prefix": (mods.prefix_lm(np.full(B, 512)), (j < 512) | (j <= i)),
+    }[pattern]
+    report = F.explain(q, k, v, mask_mod=mod)
+    sparse = ka._kernels.backends.current().sparse_blocks_beat_fused()
+    if not ka._kernels.has_fused_kernel():
+        assert report.path == "chunked"
+    elif sparse and pattern == "chunks":
+        assert report.path == "chunked"
+        assert "leaves 25% of the block pairs" in report.refused["fused"]
+    else:
+        assert report.path == "fused"
+    cases = [
+        (
+            "mask mod auto T=1024",
+            "float32",
+            attention("auto", "float32", None, mod),
+        )
+    ]
+    visible = np.broadcast_to(visible, (B, 2, length, length))
+    check(cases, (q, k, v), visible)
+
+
 def test_a_block_mask_is_read_only_where_its_sizes_fit():
     """A map of the call's sizes is read (a map emptied by hand gives
     zeros); one of other sizes is not (the mod itself decides)."""
