@@ -6,8 +6,9 @@ reference's outputs and gradients: the fused kernel on PyTorch and on JAX
 with a GPU; blockwise attention for long sequences where no fused kernel
 runs (TensorFlow, JAX on CPU), and on PyTorch's CPU where the structure
 leaves few block pairs (`SPARSE_FRACTION`), which the kernel would all
-compute under a dense mask. Every path exists on every backend, so each
-can be forced and checked everywhere.
+compute under a dense mask, or where the kernel is refused (a score mod)
+on long sequences (`KERNEL_MIN_LENGTH`). Every path exists on every
+backend, so each can be forced and checked everywhere.
 
 Shape legend: B batch, T query length, S key length, N query heads,
 K key/value heads, H head dim, V value head dim.
@@ -38,6 +39,13 @@ CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 # with 12% of the block pairs left (documents, chunks) and 3.5 s with 64%
 # (prefix-LM), so they break even near 40%.
 SPARSE_FRACTION = 0.3
+# Where the fused kernel is refused (a score mod) on those backends, the
+# reference wins below this length, the blockwise path from it: PyTorch,
+# CPU, T5's relative bias as a score mod, the same shapes: 54 / 102 ms
+# (reference / blockwise) at T=512, 402 / 484 at 1024, 1392 / 1474 at
+# 2048, 23.6 / 7.7 s at 4096, where the reference's (B, N, T, T) buffers
+# take GiBs.
+KERNEL_MIN_LENGTH = 2048
 
 
 def reference_attention(query, key, value, mask, structure, scale):
@@ -116,13 +124,19 @@ def choose(query, key, value=None, weights=False, structure=None):
     refused = {
         "fused": f"no fused kernel on {backends.current().device_name()}"
     }
+    return _by_length(query, key, refused, CHUNKED_MIN_LENGTH)
+
+
+def _by_length(query, key, refused, min_length):
+    """The blockwise path from `min_length` queries, else the reference;
+    `refused` gets the blockwise path's refusal."""
     query_length = runtime.static_dim(query.shape[1])
     key_length = runtime.static_dim(key.shape[1])
     if query_length is None or key_length is None:
         refused["chunked"] = "the query or key length is not known statically"
-    elif query_length < CHUNKED_MIN_LENGTH:
+    elif query_length < min_length:
         refused["chunked"] = (
-            f"{query_length} queries: below {CHUNKED_MIN_LENGTH}, the whole "
+            f"{query_length} queries: below {min_length}, the whole "
             "(T, S) matrix fits in cache and is faster"
         )
     elif key_length < CHUNK_SIZE:
@@ -136,9 +150,14 @@ def _choose_with_kernel(query, key, value, structure):
     reason = None if value is None else refusal(query, value)
     if structure is not None and structure_refusal(structure):
         reason = structure_refusal(structure)
+    measured = backends.current().sparse_blocks_beat_fused()
+    sparse = _sparse_reason(query, key, structure) if measured else None
+    if sparse:
+        return "chunked", {"fused": reason or sparse}
     if reason is None:
-        sparse = _sparse_reason(query, key, structure)
-        return ("chunked", {"fused": sparse}) if sparse else ("fused", {})
+        return "fused", {}
+    if measured:  # a CPU: the reference against the blockwise path
+        return _by_length(query, key, {"fused": reason}, KERNEL_MIN_LENGTH)
     return "reference", {
         "fused": reason,
         "chunked": "not used where a fused kernel exists (not measured faster)",
@@ -151,7 +170,6 @@ def _sparse_reason(query, key, structure):
     under a dense mask), or `None`."""
     if (
         structure is None
-        or not backends.current().sparse_blocks_beat_fused()
         or structure.is_top_left_causal  # the kernel skips those blocks
         or (structure.band, structure.segments, structure.mask_mod)
         == (None, None, None)

@@ -587,6 +587,25 @@ def test_the_automatic_path_skips_blocks_where_that_is_faster(pattern):
     check(cases, (q, k, v), visible)
 
 
+@pytest.mark.parametrize("offset", [-1, 0])
+def test_a_score_mod_takes_the_blockwise_path_on_long_sequences(offset):
+    """A score mod refuses the fused kernel. Without one, the blockwise
+    path runs from 512 queries; beside PyTorch's CPU kernel, from
+    `KERNEL_MIN_LENGTH` (below, the reference is faster there); on a
+    GPU, the reference."""
+    kernels = ka._kernels
+    length = kernels.dispatch.KERNEL_MIN_LENGTH + offset
+    q = keras.KerasTensor((B, length, 2, 4))
+    report = F.explain(q, q, score_mod=lambda score, *indices: 2 * score)
+    if not kernels.has_fused_kernel():
+        assert report.path == "chunked"
+    elif kernels.backends.current().sparse_blocks_beat_fused():
+        assert report.path == ("chunked" if offset == 0 else "reference")
+        assert "score mod" in report.refused["fused"]
+    else:
+        assert report.path == "reference"
+
+
 def test_a_block_mask_is_read_only_where_its_sizes_fit():
     """A map of the call's sizes is read (a map emptied by hand gives
     zeros); one of other sizes is not (the mod itself decides)."""
