@@ -171,8 +171,10 @@ def _sparse_reason(query, key, structure):
     if (
         structure is None
         or structure.is_top_left_causal  # the kernel skips those blocks
-        or (structure.band, structure.segments, structure.mask_mod)
-        == (None, None, None)
+        or all(
+            part is None
+            for part in (structure.band, structure.segments, structure.mask_mod)
+        )
     ):
         return None
     sizes = [runtime.static_dim(d) for d in (*query.shape[:2], key.shape[1])]

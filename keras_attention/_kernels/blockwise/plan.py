@@ -130,22 +130,15 @@ class Plan:
         """Each block pair under every mask mod of the structure (see
         `block_map`); a `BlockTable` of the call's sizes gives its own
         map of the mask mod."""
-        return block_map(
-            self.structure,
+        sizes = (
             self.batch,
             self.heads,
             self.length,
             self.key_length,
             self.block,
-            table=known_mod_blocks(
-                self.structure,
-                self.batch,
-                self.heads,
-                self.length,
-                self.key_length,
-                self.block,
-            ),
         )
+        table = known_mod_blocks(self.structure, *sizes)
+        return block_map(self.structure, *sizes, table=table)
 
     def _segment_reach(self, query_ids, key_ids):
         """The block ranges the segment ids leave (`Segments.reach`), or
