@@ -26,6 +26,37 @@ def check_positive_int(where: str, name: str, value, optional=False):
         )
 
 
+def explain_size(where: str, name: str, value, letter: str):
+    """`(batch, length)` from a layer's `explain(length, key_length)`.
+
+    An int is the length, with no batch (`None`). A tensor, a
+    `keras.KerasTensor` or a shape `(B, T, D)` gives its dim 1 as the
+    length and its dim 0 as the batch (`None` where unknown). Anything
+    else raises a `ValueError` naming `name` and what it received.
+    """
+    received = repr(value)
+    if isinstance(value, (int, np.integer)) and not isinstance(
+        value, (bool, np.bool_)
+    ):
+        if value > 0:
+            return None, int(value)
+    elif not isinstance(value, (str, bytes)):
+        shape = getattr(value, "shape", value)
+        try:
+            dims = tuple(None if d is None else static_dim(d) for d in shape)
+        except TypeError:  # neither a tensor nor a shape
+            dims = None
+        if dims is not None and len(dims) == 3 and positive_int(dims[1]):
+            return dims[0], dims[1]
+        if hasattr(value, "shape"):
+            received = f"a tensor of shape {dims}"
+    raise ValueError(
+        f"{where}: `{name}` must be a positive int ({letter}), or a tensor "
+        f"or a shape (B, {letter}, D) with a known {letter}. "
+        f"Received: {name}={received}"
+    )
+
+
 def check_flag(where: str, name: str, value):
     """A Python (or NumPy) bool: a string or `None` would be read as
     truth, a silent wrong answer."""

@@ -120,13 +120,13 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
 
     def explain(
         self,
-        length: int,
-        key_length: int | None = None,
+        length,
+        key_length=None,
         use_causal_mask: bool = False,
         segment_ids=None,
         return_attention_scores: bool = False,
         training: bool = False,
-        batch_size: int = 1,
+        batch_size: int | None = None,
         mask_mod=None,
         score_mod=None,
     ):
@@ -134,17 +134,22 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
 
         As `keras_attention.functional.explain`, for the layer's heads,
         dtype and structure (window, ALiBi, soft cap) at `length` queries
-        and `key_length` keys (defaults to `length`).
+        and `key_length` keys (defaults to `length`). Nothing is computed:
+        a tensor given as `length` is read for its shape only.
 
         Args:
-            length: T, the number of queries.
-            key_length: S. Defaults to `length`.
+            length (int | Tensor | tuple): T, the number of queries, or the
+                queries themselves (the tensor the layer would be called
+                on, or its shape `(B, T, D)`), which also give B.
+            key_length (int | Tensor | tuple | None): S, or the keys'
+                tensor or shape `(B, S, D)`. Defaults to `length`.
             use_causal_mask: As in `call`. Defaults to `False`.
             segment_ids (Tensor | None): Shape `(batch_size, T)`, integer.
             return_attention_scores: Defaults to `False`.
             training: Attention dropout is active in training.
                 Defaults to `False`.
-            batch_size: B. Defaults to `1`.
+            batch_size: B. Defaults to the batch of a tensor given as
+                `length` or `key_length`, else `1`.
             mask_mod: As in `call`. Defaults to `None`.
             score_mod: As in `call` (after the layer's own). Defaults to
                 `None`.
@@ -158,7 +163,17 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
                 "once or call `build`). Received: an unbuilt layer"
             )
         checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
-        key_length = length if key_length is None else key_length
+        batch, length = checks.explain_size(
+            self._where(), "length", length, "T"
+        )
+        key_batch, key_length = (
+            (batch, length)
+            if key_length is None
+            else checks.explain_size(
+                self._where(), "key_length", key_length, "S"
+            )
+        )
+        batch_size = batch_size or batch or key_batch or 1
         dtype = self.compute_dtype
         query = keras.KerasTensor(
             (batch_size, length, self.num_heads, self._head_dim), dtype

@@ -903,6 +903,16 @@ CASES.update(
                 x(B, T, D), use_causal_mask=None
             ),
         ),
+        "mhsa-explain-ids-for-inputs": (
+            MHSA,
+            "length",
+            lambda: built_mhsa().explain(ids(B, T)),
+        ),
+        "mhsa-explain-key-length": (
+            MHSA,
+            "key_length",
+            lambda: built_mhsa().explain(x(B, T, D), key_length="S"),
+        ),
         "mhsa-explain-causal": (
             MHSA,
             "use_causal_mask",

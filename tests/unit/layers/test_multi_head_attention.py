@@ -507,3 +507,54 @@ def test_cross_attention_config_holds_only_its_arguments():
     ).get_config()
     assert self_config["use_rotary"] is True
     assert self_config["max_wavelength"] == 500.0
+
+
+# --- explain: a length, or the tensors a call would take ------------------
+
+
+def report_of(explanation):
+    return explanation.path, explanation.refused, explanation.structure
+
+
+def test_explain_takes_the_inputs_or_their_shape():
+    """A tensor or a shape `(B, T, D)` given as `length` explains the call
+    on that tensor: the same report as its length and batch given as
+    ints (segment ids of its batch are accepted, so B is read too)."""
+    x, source = data(), data(1, S, 12)
+    segments = np.array([[1, 1, 1, 2, 2, 2], [1, 1, 2, 2, 2, 0]])
+    layer = MultiHeadSelfAttention(4)
+    layer(x)
+    want = layer.explain(T, use_causal_mask=True, segment_ids=segments,
+                         batch_size=B)  # fmt: skip
+    for given in (x, keras.ops.convert_to_tensor(x), (B, T, D)):
+        got = layer.explain(given, use_causal_mask=True, segment_ids=segments)
+        assert report_of(got) == report_of(want)
+    symbolic = keras.KerasTensor((None, T, D))  # an unknown batch: 1
+    assert report_of(layer.explain(symbolic)) == report_of(layer.explain(T))
+    cross = CrossAttention(4)
+    cross(x, source)
+    assert report_of(cross.explain(x, source)) == report_of(
+        cross.explain(T, S, batch_size=B)
+    )
+
+
+@pytest.mark.parametrize(
+    "given,received",
+    [
+        (np.zeros((B, T), "int32"), "a tensor of shape (2, 6)"),
+        (keras.KerasTensor((B, None, D)), "a tensor of shape (2, None, 16)"),
+        ("6", "'6'"),
+        (6.0, "6.0"),
+        (0, "0"),
+        (None, "None"),
+    ],
+)
+def test_explain_names_what_it_expects(given, received):
+    layer = MultiHeadSelfAttention(4)
+    layer(data())
+    with pytest.raises(ValueError) as info:
+        layer.explain(given)
+    message = str(info.value)
+    assert message.startswith("MultiHeadSelfAttention (layer '")
+    assert "`length` must be a positive int (T), or a tensor" in message
+    assert message.endswith(f"Received: length={received}")
