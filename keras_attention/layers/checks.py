@@ -174,6 +174,46 @@ def check_mask(where: str, name: str, mask, expected):
     check_shape(where, name, mask, expected)
 
 
+def check_attention_mask(where: str, name: str, mask, expected):
+    """`check_mask` for an attention mask of `expected` `(B, T, S)`.
+
+    As Keras's `MultiHeadAttention` does, a mask passes if it broadcasts
+    to `(B, T, S)`: one shared by the batch, `(T, S)` or `(1, T, S)`, or
+    one with a dim of 1 elsewhere, such as `(B, 1, S)`. Pass it through
+    `as_attention_mask` before use.
+    """
+    if mask is None:
+        return
+    shape = tuple(static_dim(d) for d in mask.shape)
+    expected = tuple(map(static_dim, expected))
+    if len(shape) in (2, 3) and all(
+        a is None or b is None or a in (1, b)
+        for a, b in zip(shape[::-1], expected[::-1], strict=False)
+    ):
+        check_mask(where, name, mask, (None,) * len(shape))  # the dtype
+        return
+    raise ValueError(
+        f"{where}: `{name}` must have shape (B, T, S)={expected} or one "
+        "that broadcasts to it, such as (T, S) or (B, 1, S). "
+        f"Received: {name}.shape={shape}"
+    )
+
+
+def as_attention_mask(mask, key_length):
+    """A mask `check_attention_mask` passed, as a boolean `(B|1, T|1, S)`
+    tensor: the batch axis added to a `(T, S)` mask, and a key axis of 1
+    broadcast to the `key_length` keys, which the attention paths slice.
+    """
+    if mask is None:
+        return None
+    mask = ops.cast(mask, "bool")
+    if len(mask.shape) == 2:
+        mask = ops.expand_dims(mask, 0)  # (1, T, S)
+    if static_dim(mask.shape[-1]) == 1 and static_dim(key_length) != 1:
+        mask = ops.logical_and(mask, ops.ones((1, 1, key_length), "bool"))
+    return mask
+
+
 def check_shape(where: str, name: str, tensor, expected):
     """Static check that `tensor` has the rank and known dims of `expected`.
 

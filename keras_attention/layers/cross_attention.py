@@ -68,7 +68,9 @@ class CrossAttention(MultiHeadCore):
         key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
         value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
             tokens. Defaults to the Keras mask of `value`.
-        attention_mask (Tensor): Shape `(B, T, S)`, boolean, `True` = attend.
+        attention_mask (Tensor): Shape `(B, T, S)`, boolean, `True` = attend;
+            as in Keras, any shape that broadcasts to it, such as a `(T, S)`
+            mask shared by the batch.
         cache (Tensor): Shape `(B, 2, S, K, H)` from `compute_cache`: the
             projected keys and values, used instead of projecting `key`/`value`.
         return_attention_scores (bool): Also return the weights
@@ -141,12 +143,16 @@ class CrossAttention(MultiHeadCore):
             value_heads = ops.cast(cache[:, 1], query.dtype)  # (B, S, K, H)
         source_length = key_heads.shape[1]
         self._check_mask("value_mask", value_mask, (batch, source_length))
-        self._check_mask(
-            "attention_mask", attention_mask, (batch, length, source_length)
+        checks.check_attention_mask(
+            self._where(),
+            "attention_mask",
+            attention_mask,
+            (batch, length, source_length),
         )
         self._check_segments(segment_ids, batch, length, source_length)
         full_mask = functional.merge_masks(
-            functional.padding_to_attention_mask(value_mask), attention_mask
+            functional.padding_to_attention_mask(value_mask),
+            checks.as_attention_mask(attention_mask, ops.shape(key_heads)[1]),
         )  # (B, T, S)
         outputs, scores = self._attend(
             self._project_query(query),

@@ -140,7 +140,7 @@ class Plain:
         checks.check_mask(
             self.where, "padding_mask", padding_mask, (batch, size)
         )
-        checks.check_mask(
+        checks.check_attention_mask(
             self.where, "attention_mask", attention_mask, (batch, length, size)
         )
         return cache_index

@@ -107,8 +107,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
             cache; with a rolling cache `(B, S)` over the absolute positions,
             `S >= cache_index + T`), `True` for real tokens; padded keys get
             zero weight. Defaults to the Keras mask of `inputs`.
-        attention_mask (Tensor): Shape `(B, T, S)`, boolean, `True` = attend.
-            Not with a rolling cache.
+        attention_mask (Tensor): Shape `(B, T, S)`, boolean, `True` = attend;
+            as in Keras, any shape that broadcasts to it, such as a `(T, S)`
+            mask shared by the batch. Not with a rolling cache.
         use_causal_mask (bool): Hide the keys after each query.
         return_attention_scores (bool): Also return the weights
             `(B, N, T, S)`; with a rolling cache of `R` positions
@@ -277,13 +278,16 @@ class MultiHeadSelfAttention(MultiHeadCore):
             padding_mask = mask if mask is not None else inputs_mask
         batch, length = inputs.shape[0], inputs.shape[1]
         self._check_mask("padding_mask", padding_mask, (batch, length))
-        self._check_mask(
-            "attention_mask", attention_mask, (batch, length, length)
+        checks.check_attention_mask(
+            self._where(),
+            "attention_mask",
+            attention_mask,
+            (batch, length, length),
         )
         self._check_segments(segment_ids, batch, length, length)
         full_mask = functional.merge_masks(
             functional.padding_to_attention_mask(padding_mask),
-            attention_mask,
+            checks.as_attention_mask(attention_mask, ops.shape(inputs)[1]),
         )  # (B, T, T)
         # Packed sequences restart their rotary positions.
         query, key, value = self._project(inputs, segment_ids=segment_ids)

@@ -150,7 +150,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         checks.check_mask(
             self._where(), "padding_mask", padding_mask, (batch, length)
         )
-        checks.check_mask(
+        checks.check_attention_mask(
             self._where(),
             "attention_mask",
             attention_mask,

@@ -81,7 +81,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
         encoder_padding_mask (Tensor): Shape `(B, S)`, boolean. Defaults to the
             Keras mask of `encoder_outputs`.
         attention_mask (Tensor): Shape `(B, T, T)`, boolean for the
-            self-attention.
+            self-attention (`(B, T, S_max)` with a cache), or any shape
+            that broadcasts to it, such as `(T, T)`.
         use_causal_mask (bool): Defaults to `True`.
         cache (dict | Tensor | RollingCache | None): The dict of
             `init_cache`, or for a decoder-only block just its

@@ -63,7 +63,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
         inputs (Tensor): Shape `(B, T, D)`.
         padding_mask (Tensor): Shape `(B, T)`, boolean, `True` for real tokens.
             Defaults to the Keras mask of `inputs`.
-        attention_mask (Tensor): Shape `(B, T, T)`, boolean, `True` = attend.
+        attention_mask (Tensor): Shape `(B, T, T)`, boolean, `True` = attend,
+            or any shape that broadcasts to it, such as `(T, T)`.
         return_attention_scores (bool): Also return the weights
             `(B, N, T, T)`.
         segment_ids (Tensor | None): Shape `(B, T)`, integer. Packed sequences:

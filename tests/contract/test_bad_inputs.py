@@ -467,6 +467,30 @@ CASES = {
             x(B, T, D), attention_mask=mask(B, T, 5)
         ),
     ),
+    "mhsa-attention-mask-per-head": (
+        MHSA,
+        "attention_mask",
+        lambda: ka.MultiHeadSelfAttention(2)(
+            x(B, T, D), attention_mask=mask(B, 2, T, T)
+        ),
+    ),
+    "mhsa-attention-mask-one-axis": (
+        MHSA,
+        "attention_mask",
+        lambda: ka.MultiHeadSelfAttention(2)(
+            x(B, T, D), attention_mask=mask(T)
+        ),
+    ),
+    "mhsa-attention-mask-cache": (
+        MHSA,
+        "attention_mask",
+        lambda: ka.MultiHeadSelfAttention(2)(
+            x(B, 1, D),
+            cache=x(B, 2, 4, 2, 4),
+            cache_index=0,
+            attention_mask=mask(1, 5),
+        ),
+    ),
     "mhsa-cache-index": (
         MHSA,
         "cache_index",
@@ -515,6 +539,20 @@ CASES = {
         "value_mask",
         lambda: ka.CrossAttention(2)(
             x(B, T, D), x(B, S, D), value_mask=mask(B, S, dtype="float32")
+        ),
+    ),
+    "cross-attention-mask-transposed": (
+        CROSS,
+        "attention_mask",
+        lambda: ka.CrossAttention(2)(
+            x(B, T, D), x(B, S, D), attention_mask=mask(S, T)
+        ),
+    ),
+    "cross-attention-mask-float": (
+        CROSS,
+        "attention_mask",
+        lambda: ka.CrossAttention(2)(
+            x(B, T, D), x(B, S, D), attention_mask=mask(T, S, dtype="float32")
         ),
     ),
     # Positions
@@ -588,6 +626,13 @@ CASES = {
         ENC,
         "inputs",
         lambda: ka.TransformerEncoderBlock(2, 16)(x(B, D)),
+    ),
+    "encoder-attention-mask-batch": (
+        ENC,
+        "attention_mask",
+        lambda: ka.TransformerEncoderBlock(2, 16)(
+            x(B, T, D), attention_mask=mask(3, T, T)
+        ),
     ),
     "encoder-padding-shape": (
         ENC,
