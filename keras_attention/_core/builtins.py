@@ -79,25 +79,27 @@ class Band:
             high = (last + self.right, first + self.right)
         return _blocks(count, low, high, block)
 
-    def block_kinds(self, length, key_length, block):
+    def block_kinds(self, length, key_length, block, xp=ops):
         """Each block pair of `length` queries and `key_length` keys in
         blocks of `block`, int32 `(T'/C, S'/C)`: 0 where the band hides
         every position, 2 where it shows every one, else 1 (padding
         counts as neither). Over a block pair's rows `r0..r1` and keys
         `k0..k1`, `j - p` takes every value from `k0 - r1 - offset` to
-        `k1 - r0 - offset`; the band keeps `-left..right` of them."""
-        rows = ops.arange(-(-length // block), dtype="int32")[:, None] * block
-        cols = ops.arange(-(-key_length // block), dtype="int32")[None] * block
-        low = cols - ops.minimum(rows + block, length) + 1 - self.offset
-        high = ops.minimum(cols + block, key_length) - 1 - rows - self.offset
-        reached = full = ops.ones_like(low - high, "bool")
+        `k1 - r0 - offset`; the band keeps `-left..right` of them.
+        `xp=numpy` computes it ahead of any program, for static sizes
+        and offset."""
+        rows = xp.arange(-(-length // block), dtype="int32")[:, None] * block
+        cols = xp.arange(-(-key_length // block), dtype="int32")[None] * block
+        low = cols - xp.minimum(rows + block, length) + 1 - self.offset
+        high = xp.minimum(cols + block, key_length) - 1 - rows - self.offset
+        reached = full = xp.ones_like(low - high, "bool")
         if self.left is not None:
             reached = high >= -self.left
             full = low >= -self.left
         if self.right is not None:
-            reached = ops.logical_and(reached, low <= self.right)
-            full = ops.logical_and(full, high <= self.right)
-        return ops.where(full, 2, ops.where(reached, 1, 0))
+            reached = xp.logical_and(reached, low <= self.right)
+            full = xp.logical_and(full, high <= self.right)
+        return xp.where(full, 2, xp.where(reached, 1, 0))
 
     def query_blocks(self, j, block, count):
         """Query blocks `[start, end)` that can see key block `j`, and

@@ -17,6 +17,7 @@ K key/value heads, H head dim, V value head dim.
 import contextlib
 import math
 
+import keras
 from keras import ops
 
 from keras_attention import _core
@@ -30,6 +31,21 @@ from keras_attention._kernels.fused import structure_refusal
 
 CHUNK_SIZE = 256  # query and key rows per block of the chunked path
 CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
+# Where no fused kernel runs, the blockwise path's time over the
+# reference's for the same block pairs, a training step (forward and
+# backward); the blockwise path is chosen where this times the fraction
+# of block pairs it visits is below 1. Fitted with benchmarks/paths.py
+# (attention alone, B=8, 8 heads of 64, float32, T = 512-2048, full and
+# causal) on a 2-core CPU: TensorFlow, which runs the kernel's loops as
+# a graph of small steps without XLA, takes 1.1-1.4x the reference's
+# time with every block pair (XLA-compiling the loops' bodies inside the
+# graph did not change it); JAX's compiled loops take 0.8-0.9x.
+BLOCKWISE_COST = {"tensorflow": 1.3, "jax": 0.85}
+# The reference holds the (B, N, T, S) weights and their gradient: it is
+# chosen only while those weights take at most this many bytes in
+# float32, an unknown batch counted as `UNKNOWN_BATCH` rows.
+REFERENCE_MAX_BYTES = 1 << 30
+UNKNOWN_BATCH = 8
 # Where a fused kernel takes the structure as a dense mask, the blockwise
 # path wins once the structure leaves at most this fraction of block pairs
 # (on backends where `sparse_blocks_beat_fused()`). Measured with
@@ -124,7 +140,44 @@ def choose(query, key, value=None, weights=False, structure=None):
     refused = {
         "fused": f"no fused kernel on {backends.current().device_name()}"
     }
-    return _by_length(query, key, refused, CHUNKED_MIN_LENGTH)
+    return _by_cost(query, key, structure, refused)
+
+
+def _by_cost(query, key, structure, refused):
+    """Of the reference and the blockwise path, the one `BLOCKWISE_COST`
+    estimates faster, but the blockwise path wherever the reference's
+    weights would take over `REFERENCE_MAX_BYTES`."""
+    batch, query_length = map(runtime.static_dim, query.shape[:2])
+    key_length = runtime.static_dim(key.shape[1])
+    if (
+        query_length is None
+        or key_length is None
+        or query_length < CHUNKED_MIN_LENGTH
+        or key_length < CHUNK_SIZE
+    ):
+        return _by_length(query, key, refused, CHUNKED_MIN_LENGTH)
+    heads = 1 if len(query.shape) == 3 else query.shape[2]
+    rows = UNKNOWN_BATCH if batch is None else batch
+    weights = 4 * rows * heads * query_length * key_length
+    if weights > REFERENCE_MAX_BYTES:
+        refused["reference"] = (
+            f"its (B, N, T, S) weights would take {weights / 2**30:.1f} GiB "
+            f"in float32, over {REFERENCE_MAX_BYTES / 2**30:g} GiB"
+        )
+        return "chunked", refused
+    visited = plan.static_visited_fraction(
+        structure, query_length, key_length, chunk_size()
+    )
+    if visited is None:  # segment ids or a mask mod: known from the data
+        return "chunked", refused
+    cost = BLOCKWISE_COST[keras.backend.backend()] * visited
+    if cost < 1:
+        return "chunked", refused
+    refused["chunked"] = (
+        f"it visits {visited:.0%} of the block pairs: estimated {cost:.2f}x "
+        f"the reference's time on {backends.current().device_name()}"
+    )
+    return "reference", refused
 
 
 def _by_length(query, key, refused, min_length):

@@ -51,7 +51,11 @@ def scaled_dot_product_attention(
     JAX GPU), or, on TensorFlow and JAX on CPU for 512 queries or more
     and 256 keys or more, blockwise attention with an online softmax and
     a backward pass that recomputes each block (as in FlashAttention), so
-    that memory grows with the sequence length, not its square. With
+    that memory grows with the sequence length, not its square. There it
+    runs where it is estimated faster than the reference (JAX; on
+    TensorFlow where the structure skips enough blocks) or where the
+    reference's `(B, N, T, S)` weights would take over 1 GiB;
+    `explain()` gives the estimate. With
     `is_causal=True` the blocks above the diagonal are skipped, which
     saves about half of the work for `T = S`; a sliding window skips every
     block outside it. Every path gives the same outputs and gradients; the

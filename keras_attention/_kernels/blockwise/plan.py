@@ -11,6 +11,7 @@ from typing import Any
 from typing import NamedTuple
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention._core import large_negative
@@ -261,6 +262,24 @@ def visited_fraction(structure, batch, heads, length, key_length, block):
         structure.mod_map = (sizes, table)
     table = block_map(structure, *sizes, table=table)
     return ops.mean(ops.cast(table > 0, "float32"))
+
+
+def static_visited_fraction(structure, length, key_length, block):
+    """The fraction of block pairs the blockwise path visits, known from
+    the sizes alone (a float), or `None` where it depends on the data
+    (segment ids, a mask mod) or on an offset known only as the program
+    runs."""
+    if structure is None:
+        return 1.0
+    if structure.segments is not None or structure.mask_mod is not None:
+        return None
+    band = structure.band
+    if band is None:
+        return 1.0
+    if not isinstance(band.offset, int | np.integer):
+        return None
+    kinds = band.block_kinds(length, key_length, block, xp=np)
+    return float(np.mean(kinds > 0))
 
 
 def block_map(structure, batch, heads, length, key_length, block, table=None):

@@ -153,8 +153,9 @@ def test_sdpa_paths_equal_float64_reference(layout, mask_kind):
 @pytest.mark.parametrize("mask_kind", ["padding", "padding+causal"])
 @pytest.mark.parametrize("layout", ["3d", "gqa"])
 def test_sdpa_past_the_length_threshold(layout, mask_kind):
-    """At 520 queries TensorFlow and JAX on CPU choose the chunked path
-    (the fused kernel elsewhere): every gradient still reaches q, k, v."""
+    """At 520 queries, the path the dispatch picks (the blockwise path
+    for causal attention where no fused kernel runs): every gradient
+    still reaches q, k, v."""
     length = _kernels.CHUNKED_MIN_LENGTH + 8
     q, k, v, mask, causal = sdpa_inputs(
         layout, mask_kind, length, _kernels.CHUNK_SIZE + 44
@@ -168,8 +169,13 @@ def test_sdpa_past_the_length_threshold(layout, mask_kind):
 
 @pytest.mark.parametrize("length", [511, 512])
 def test_dispatch_rule_at_the_threshold(length):
-    q = ops.zeros((1, length, 2, 4))
-    k = ops.zeros((1, _kernels.CHUNK_SIZE, 2, 4))
+    """Without a fused kernel the reference runs below
+    `CHUNKED_MIN_LENGTH` queries, even where its weights would be large;
+    from there, weights over `REFERENCE_MAX_BYTES` take the blockwise
+    path on every backend."""
+    heads = 1100  # (1, 1100, 512, 512) float32 weights: over 1 GiB
+    q = keras.KerasTensor((1, length, heads, 4))
+    k = keras.KerasTensor((1, 512, heads, 4))
     chosen = _kernels.select(q, k)
     if _kernels.has_fused_kernel():
         assert chosen == "fused"
@@ -178,6 +184,48 @@ def test_dispatch_rule_at_the_threshold(length):
     with _kernels.force("reference"):
         assert _kernels.select(q, k) == "reference"
     assert _kernels.select(q, k) == chosen  # the override ends with it
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_cost_model_picks_the_faster_path(causal):
+    """Without a fused kernel, 1024 queries and keys: the blockwise path
+    where `BLOCKWISE_COST` times the fraction of block pairs it visits
+    (all of them, or 10 of 16 with the causal band) is below 1, else the
+    reference; `explain` gives the estimate."""
+    q = keras.KerasTensor((2, 1024, 2, 4))
+    report = F.explain(q, q, q, is_causal=causal)
+    if _kernels.has_fused_kernel():
+        assert report.path == "fused"
+        return
+    backend = keras.backend.backend()
+    cost = _kernels.dispatch.BLOCKWISE_COST[backend] * (0.625 if causal else 1)
+    assert report.path == ("chunked" if cost < 1 else "reference")
+    expected = {
+        ("tensorflow", False): "reference",
+        ("tensorflow", True): "chunked",
+        ("jax", False): "chunked",
+        ("jax", True): "chunked",
+    }
+    assert report.path == expected[backend, causal]
+    if report.path == "reference":
+        assert f"estimated {cost:.2f}x" in report.refused["chunked"]
+
+
+@pytest.mark.parametrize("heads", [2, 3])
+def test_the_reference_is_refused_past_its_memory(heads):
+    """An unknown batch counts as `UNKNOWN_BATCH` rows: 8 x 2 heads of
+    4096 x 4096 float32 weights take 1 GiB (the reference, where it is
+    the faster path), 8 x 3 heads 1.5 GiB (the blockwise path)."""
+    q = keras.KerasTensor((None, 4096, heads, 4))
+    report = F.explain(q, q, q)
+    if _kernels.has_fused_kernel():
+        assert report.path == "fused"
+    elif heads == 3:
+        assert report.path == "chunked"
+        assert "1.5 GiB" in report.refused["reference"]
+    else:
+        cost = _kernels.dispatch.BLOCKWISE_COST[keras.backend.backend()]
+        assert report.path == ("chunked" if cost < 1 else "reference")
 
 
 def test_force_rejects_an_unknown_path():

@@ -1,0 +1,144 @@
+"""Choosing a path: the reference against the blockwise kernel, and the
+blockwise kernel against the matmuls it is made of.
+
+On the active backend at B=8, 8 heads of 64, float32, forward and
+backward (the gradients of the query, key and value, compiled as Keras
+compiles a training step: `jax.jit`, a TensorFlow graph without XLA), at
+T = S = 512, 1024, 2048, with and without the causal band:
+
+* the reference path and the blockwise path, each forced, and the path
+  the dispatch picks; `cost` is the blockwise path's time over the
+  reference's per block pair it visits, the factor `dispatch.
+  BLOCKWISE_COST` is fitted to;
+* the blockwise kernel's time against the time the same block-shaped
+  matmuls take alone in the same process (a batch of `B x N` blocks of
+  256 x 64 @ 64 x 256 and 256 x 256 @ 256 x 64): its matmul efficiency.
+
+PyTorch runs its fused kernel, not these paths, so only TensorFlow and
+JAX are measured.
+
+    KERAS_BACKEND=jax python benchmarks/paths.py [--quick]
+"""
+
+import argparse
+import statistics
+
+import keras
+import numpy as np
+from common import BACKEND
+from common import gradient_step
+from common import interleaved_medians
+from common import write
+
+from keras_attention import _kernels
+from keras_attention import functional
+
+B, N, H = 8, 8, 64
+C = _kernels.CHUNK_SIZE
+
+
+def attention_step(path, length, causal):
+    rng = np.random.default_rng(0)
+    q, k, v, cotangent = (
+        keras.ops.convert_to_tensor(
+            rng.normal(size=(B, length, N, H)).astype("float32")
+        )
+        for _ in range(4)
+    )
+
+    def loss(q, k, v):
+        out = functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return keras.ops.sum(out * cotangent)
+
+    if path == "auto":
+        return gradient_step(loss, q, k, v)
+
+    def forced(q, k, v):
+        with _kernels.force(path):
+            return loss(q, k, v)
+
+    return gradient_step(forced, q, k, v)
+
+
+def block_matmuls():
+    """`{name: fn}`: one batch of each block-shaped matmul of the kernel,
+    compiled as the kernel is (`jax.jit`; a graph without XLA)."""
+    rng = np.random.default_rng(0)
+    shapes = {"logits": ((B * N, C, H), (B * N, H, C)),
+              "values": ((B * N, C, C), (B * N, C, H))}  # fmt: skip
+    if BACKEND == "jax":
+        import jax
+
+        matmul = jax.jit(keras.ops.matmul)
+    else:
+        import tensorflow as tf
+
+        matmul = tf.function(keras.ops.matmul)
+    fns = {}
+    for name, (a, b) in shapes.items():
+        a, b = (
+            keras.ops.convert_to_tensor(rng.normal(size=s).astype("float32"))
+            for s in (a, b)
+        )
+        fns[name] = lambda a=a, b=b: matmul(a, b)
+    return fns
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if BACKEND == "torch":
+        print("PyTorch runs its fused kernel: nothing to measure")
+        return
+    lengths = (512,) if args.quick else (512, 1024, 2048)
+    repeats = 3 if args.quick else 5
+    matmuls = interleaved_medians(block_matmuls(), repeats=20)
+    # Forward: the logits and the values (2 matmuls); backward: the logits
+    # again and the value, weight, key and query gradients (5): 3 of the
+    # logits' shape and 4 of the values', each 2 C^2 H flops a block.
+    pair_seconds = 3 * matmuls["logits"] + 4 * matmuls["values"]
+    rows = []
+    for length in lengths:
+        for causal in (False, True):
+            steps = {
+                path: attention_step(path, length, causal)
+                for path in ("reference", "chunked", "auto")
+            }
+            times = interleaved_medians(steps, repeats=repeats)
+            q = keras.KerasTensor((B, length, N, H))
+            report = functional.explain(q, q, q, is_causal=causal)
+            blocks = -(-length // C)
+            visited = blocks * (blocks + 1) // 2 if causal else blocks**2
+            fraction = visited / blocks**2
+            cost = times["chunked"] / (fraction * times["reference"])
+            efficiency = visited * pair_seconds / times["chunked"]
+            rows.append({
+                "T": length, "causal": causal, "auto_path": report.path,
+                "visited_fraction": fraction, "cost": cost,
+                "matmul_efficiency": efficiency,
+                **{f"{path}_ms": t * 1e3 for path, t in times.items()},
+            })  # fmt: skip
+            print(
+                f"T={length:5d} causal={causal!s:5s} "
+                + "  ".join(f"{p} {t * 1e3:7.0f} ms" for p, t in times.items())
+                + f"  auto={report.path}  cost {cost:.2f}"
+                + f"  matmul efficiency {efficiency:.2f}"
+            )
+    fitted = statistics.median(row["cost"] for row in rows)
+    print(f"blockwise cost per block pair: {fitted:.2f} "
+          f"(dispatch.BLOCKWISE_COST: "
+          f"{_kernels.dispatch.BLOCKWISE_COST[BACKEND]})")  # fmt: skip
+    write(
+        "paths",
+        {
+            "B": B, "N": N, "H": H, "block": C, "rows": rows,
+            "fitted_cost": fitted,
+            "dispatch_cost": _kernels.dispatch.BLOCKWISE_COST[BACKEND],
+            "block_matmul_ms": {k: v * 1e3 for k, v in matmuls.items()},
+        },
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
