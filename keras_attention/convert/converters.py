@@ -27,6 +27,7 @@ _DECODER_ARGUMENTS = {
     "decoder_padding_mask": "padding_mask",
     "decoder_attention_mask": "attention_mask",
     "encoder_padding_mask": "encoder_padding_mask",
+    "encoder_attention_mask": "encoder_attention_mask",
     "use_causal_mask": "use_causal_mask",
     "training": "training",
 }

@@ -324,21 +324,45 @@ def check_encoder_outputs_shape(where, inputs_shape, encoder_outputs_shape):
         )
 
 
-def check_source(where, has_cross, encoder_outputs, cross_cache, padding_mask):
+def check_source(
+    where,
+    has_cross,
+    encoder_outputs,
+    cross_cache,
+    padding_mask,
+    attention_mask=None,
+    length=None,
+):
     """A decoder block's source (`encoder_outputs` or its projected
     `cross_cache`) is given exactly when the block has cross-attention,
-    and `padding_mask` (its `encoder_padding_mask`) fits it."""
+    and its masks fit it: `padding_mask` (the `encoder_padding_mask`
+    `(B, S)`) and `attention_mask` (the `encoder_attention_mask` `(B, T,
+    S)` of `length` target positions, or a shape that broadcasts to it).
+    """
     has_source = encoder_outputs is not None or cross_cache is not None
-    if padding_mask is not None and not has_source:
-        raise ValueError(
-            f"{where}: `encoder_padding_mask` needs `encoder_outputs` (or a "
-            "cache with 'cross'). Received: encoder_outputs=None, "
-            f"encoder_padding_mask.shape={tuple(padding_mask.shape)}"
-        )
-    if encoder_outputs is not None:
-        source = tuple(encoder_outputs.shape)
-        check_mask(
-            where, "encoder_padding_mask", padding_mask, (source[0], source[1])
+    for name, mask in (
+        ("encoder_padding_mask", padding_mask),
+        ("encoder_attention_mask", attention_mask),
+    ):
+        if mask is not None and not has_source:
+            raise ValueError(
+                f"{where}: `{name}` needs `encoder_outputs` (or a cache "
+                "with 'cross'). Received: encoder_outputs=None, "
+                f"{name}.shape={tuple(mask.shape)}"
+            )
+    if has_source:
+        source = (
+            tuple(encoder_outputs.shape)[:2]
+            if encoder_outputs is not None
+            else (cross_cache.shape[0], cross_cache.shape[2])
+        )  # (B, S)
+        if encoder_outputs is not None:
+            check_mask(where, "encoder_padding_mask", padding_mask, source)
+        check_attention_mask(
+            where,
+            "encoder_attention_mask",
+            attention_mask,
+            (source[0], length, source[1]),
         )
     if has_source != has_cross:
         built, must = ("with", "") if has_cross else ("without", "not ")

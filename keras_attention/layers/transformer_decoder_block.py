@@ -113,6 +113,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
             uses.
         encoder_outputs_mask (Tensor | None): Implicit Keras mask of
             `encoder_outputs`, filled in by Keras.
+        encoder_attention_mask (Tensor | None): Shape `(B, T, S)`, boolean,
+            `True` = attend, or any shape that broadcasts to it: which
+            source positions each target position's cross-attention may
+            see (keras-hub's `encoder_attention_mask`); with a cache, the
+            rows of the new tokens. Combined with `encoder_padding_mask`
+            by logical AND: a source position is visible only where both
+            allow it, and a target row that sees none gets a zero
+            cross-attention context. Defaults to `None`.
 
     Returns:
         Tensor | tuple: `outputs` `(B, T, D)`, followed by the scores dict if
@@ -186,6 +194,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         mask=None,
         inputs_mask=None,
         encoder_outputs_mask=None,
+        encoder_attention_mask=None,
     ):
         if padding_mask is None and cache is None:
             padding_mask = mask if mask is not None else inputs_mask
@@ -197,7 +206,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             encoder_outputs,
             cache,
             padding_mask,
-            encoder_padding_mask,
+            (encoder_padding_mask, encoder_attention_mask),
             attention_mask,
             use_causal_mask,
             segment_ids,
@@ -223,7 +232,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             x, scores["cross"] = self._cross_residual(
                 x,
                 encoder_outputs,
-                encoder_padding_mask,
+                (encoder_padding_mask, encoder_attention_mask),
                 cross_cache,
                 cross_segments,
                 return_attention_scores,
@@ -264,6 +273,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         mask=None,
         inputs_mask=None,
         encoder_outputs_mask=None,
+        encoder_attention_mask=None,
     ):
         outputs = [keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)]
         self_cache, cross_cache = self._split_cache(cache)
@@ -354,14 +364,16 @@ class TransformerDecoderBlock(TransformerBlockBase):
         encoder_outputs,
         cache,
         padding_mask,
-        encoder_padding_mask,
+        encoder_masks,
         attention_mask,
         use_causal_mask,
         segment_ids,
         encoder_segment_ids,
     ):
         """Checks a call under the block's name (not a sublayer's);
-        returns the cross-attention's `segment_ids`, or `None`."""
+        `encoder_masks` is `(encoder_padding_mask,
+        encoder_attention_mask)`. Returns the cross-attention's
+        `segment_ids`, or `None`."""
         _, cross_cache = self._split_cache(cache)
         where = self._where()
         checks.check_source(
@@ -369,7 +381,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
             getattr(self, "cross_attention", None) is not None,
             encoder_outputs,
             cross_cache,
-            encoder_padding_mask,
+            *encoder_masks,
+            length=inputs.shape[1],
         )
         checks.check_flag(where, "use_causal_mask", use_causal_mask)
         cross_segments = checks.cross_segment_ids(
@@ -420,19 +433,22 @@ class TransformerDecoderBlock(TransformerBlockBase):
         self,
         x,
         encoder_outputs,
-        encoder_padding_mask,
+        encoder_masks,
         cross_cache,
         segment_ids,
         return_attention_scores,
         training,
     ):
-        """The cross-attention sublayer: `(x', scores or None)`."""
+        """The cross-attention sublayer, with `encoder_masks`
+        `(encoder_padding_mask, encoder_attention_mask)`: `(x', scores or
+        None)`."""
 
         def cross_attention(y):
             result = self.cross_attention(
                 y,
                 encoder_outputs,
-                value_mask=encoder_padding_mask,
+                value_mask=encoder_masks[0],
+                attention_mask=encoder_masks[1],
                 cache=cross_cache,
                 segment_ids=segment_ids,
                 return_attention_scores=return_attention_scores,

@@ -676,6 +676,20 @@ CASES = {
             x(B, T, D), x(B, S, D), encoder_padding_mask=mask(B, T + S)
         ),
     ),
+    "decoder-block-encoder-attention-mask": (
+        DEC,
+        "encoder_attention_mask",
+        lambda: ka.TransformerDecoderBlock(2, 16)(
+            x(B, T, D), encoder_attention_mask=mask(B, T, S)
+        ),
+    ),
+    "decoder-block-encoder-attention-mask-shape": (
+        DEC,
+        "encoder_attention_mask",
+        lambda: ka.TransformerDecoderBlock(2, 16)(
+            x(B, T, D), x(B, S, D), encoder_attention_mask=mask(B, S, T)
+        ),
+    ),
     # Decoding and plots
     "beam-width": (
         "beam_search",

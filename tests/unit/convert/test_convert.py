@@ -193,8 +193,11 @@ def test_transformer_decoder_both_directions(with_encoder, normalize_first):
         F, 2, normalize_first=normalize_first
     )
     source_args = {}
-    if with_encoder:
-        source_args = dict(encoder_padding_mask=padding(S, (2, None)))
+    if with_encoder:  # both source masks, combined as keras-hub does
+        source_args = dict(
+            encoder_padding_mask=padding(S, (2, None)),
+            encoder_attention_mask=attention_mask(T, S),
+        )
     hub_args = dict(decoder_padding_mask=padding(T), **source_args)
     our_args = dict(padding_mask=padding(T), **source_args)
     sources = (source,) if with_encoder else ()
@@ -206,6 +209,20 @@ def test_transformer_decoder_both_directions(with_encoder, normalize_first):
     back = convert.to_keras(ours)
     assert_close(back(target, *sources, **hub_args), want)
     assert_same_weights(back, theirs)
+
+
+def test_replaced_decoder_takes_keras_hubs_source_masks():
+    """In a functional model, keras-hub's decoder arguments are renamed
+    for our block, `encoder_attention_mask` included."""
+    target, source = keras.Input((T, D)), keras.Input((S, 6))
+    mask = keras.Input((T, S), dtype="bool")
+    decoder = hub.layers.TransformerDecoder(F, 2, name="decoder")
+    outputs = decoder(target, source, encoder_attention_mask=mask)
+    model = keras.Model([target, source, mask], outputs)
+    ours = convert.replace_transformer_layers(model)
+    assert isinstance(ours.get_layer("decoder"), TransformerDecoderBlock)
+    inputs = [data(16), data(17, S, 6), attention_mask(T, S, seed=18)]
+    assert_close(ours(inputs), model(inputs))
 
 
 def test_round_trip_from_ours_keeps_outputs_and_weights():

@@ -4,7 +4,9 @@
 Keras's `MultiHeadAttention` does: each such mask gives what the same
 mask tiled to `(B, T, S)` gives, in the outputs and the gradients of the
 inputs and every weight, on every path, and what Keras gives with the
-same weights.
+same weights. The decoder block's `encoder_attention_mask` (keras-hub's)
+gives each target position what a padding mask of its own row gives,
+combined with `encoder_padding_mask` by logical AND, also step by step.
 """
 
 import keras
@@ -187,3 +189,121 @@ def test_a_cached_step_takes_a_mask_shared_by_the_batch():
     np.testing.assert_allclose(outputs["shared"], outputs["tiled"], atol=1e-6)
     full = to_numpy(layer(x, attention_mask=allowed))
     np.testing.assert_allclose(outputs["shared"], full, atol=1e-5)
+
+
+def source_masks():
+    """`encoder_padding_mask` `(B, S)` and `encoder_attention_mask`
+    `(B, T, S)`: target row 1 of example 0 sees no source position
+    (hidden by the attention mask), row 3 of example 1 sees only
+    position 2, which the padding mask hides."""
+    padding = np.array([[1, 1, 1, 0], [1, 1, 0, 1]], bool)  # (B, S)
+    allowed = rng(7).random((B, T, S)) < 0.6  # (B, T, S)
+    allowed[:, :, 0] = True
+    allowed[0, 1] = False
+    allowed[1, 3] = [False, False, True, False]
+    return padding, allowed
+
+
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_encoder_attention_mask_is_a_source_mask_per_target_row(
+    normalize_first,
+):
+    """Target position `t` of the causal block with `encoder_attention_mask`
+    `M` equals position `t` of the block with the padding mask `M[:, t] &
+    P` alone: outputs and the gradients of target, source and every
+    weight. Rows that see no source position are finite."""
+    padding, allowed = source_masks()
+    x = rng(8).standard_normal((B, T, D)).astype("float32")
+    source = rng(9).standard_normal((B, S, D)).astype("float32")
+    with_mask, per_row = copies(
+        lambda: ka.TransformerDecoderBlock(
+            N, 16, normalize_first=normalize_first
+        ),
+        2,
+        LAYERS["TransformerDecoderBlock"][1],
+        x,
+        source,
+    )
+
+    def row(x, source, t):  # (B, 1, D): position t, its own source mask
+        out = per_row(x, source, encoder_padding_mask=allowed[:, t] & padding)
+        return out[:, t : t + 1]
+
+    def both(x1, source1, x2, source2):
+        got = with_mask(
+            x1,
+            source1,
+            encoder_padding_mask=padding,
+            encoder_attention_mask=allowed,
+        )
+        rows = [row(x2, source2, t) for t in range(T)]
+        return got, keras.ops.concatenate(rows, axis=1)
+
+    weights = [*with_mask.trainable_weights, *per_row.trainable_weights]
+    outputs, grads, weight_grads = value_and_grads(
+        both, [x, source, x, source], weights, copies=2
+    )
+    assert np.all(np.isfinite(outputs[0]))
+    half = len(weight_grads) // 2
+    assert_close(
+        "decoder encoder_attention_mask",
+        "float32",
+        outputs[:1],
+        grads[:2] + weight_grads[:half],
+        outputs[1:],
+        grads[2:] + weight_grads[half:],
+        ["x", "source"] + [w.path for w in with_mask.trainable_weights],
+    )
+
+
+def test_encoder_attention_mask_hides_source_positions_in_the_scores():
+    """The cross-attention weights: zero where either mask hides a source
+    position, a softmax over the rest, a zero row where nothing is left;
+    a `(T, S)` mask equals it tiled over the batch."""
+    padding, allowed = source_masks()
+    x = rng(10).standard_normal((B, T, D)).astype("float32")
+    source = rng(11).standard_normal((B, S, D)).astype("float32")
+    keras.utils.set_random_seed(0)
+    block = ka.TransformerDecoderBlock(N, 16)
+    _, scores = block(
+        x,
+        source,
+        encoder_padding_mask=padding,
+        encoder_attention_mask=allowed,
+        return_attention_scores=True,
+    )
+    cross = to_numpy(scores["cross"])  # (B, N, T, S)
+    visible = allowed & padding[:, None, :]  # (B, T, S)
+    hidden = ~np.broadcast_to(visible[:, None], cross.shape)
+    np.testing.assert_array_equal(cross[hidden], 0.0)
+    sums = cross.sum(-1)  # (B, N, T)
+    np.testing.assert_allclose(
+        sums, np.broadcast_to(visible.any(-1)[:, None], sums.shape), atol=1e-6
+    )
+    shared = to_numpy(block(x, source, encoder_attention_mask=allowed[0]))
+    tiled = to_numpy(block(x, source, encoder_attention_mask=allowed[[0, 0]]))
+    np.testing.assert_allclose(shared, tiled, atol=1e-6)
+
+
+def test_encoder_attention_mask_in_cached_steps():
+    """Token by token over the cache (the rows of the new tokens each
+    step) equals the full call."""
+    padding, allowed = source_masks()
+    x = rng(12).standard_normal((B, T, D)).astype("float32")
+    source = rng(13).standard_normal((B, S, D)).astype("float32")
+    keras.utils.set_random_seed(0)
+    block = ka.TransformerDecoderBlock(N, 16, num_key_value_heads=1)
+    masks = dict(encoder_padding_mask=padding)
+    full = to_numpy(block(x, source, encoder_attention_mask=allowed, **masks))
+    cache = block.init_cache(B, T, encoder_outputs=source)
+    steps = []
+    for t in range(T):
+        out, cache = block(
+            x[:, t : t + 1],
+            cache=cache,
+            cache_index=t,
+            encoder_attention_mask=allowed[:, t : t + 1],
+            **masks,
+        )
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
