@@ -47,7 +47,11 @@ What cannot be converted, and raises a `ValueError` naming the argument:
   (keras-hub's blocks fix both).
 
 Kernel and bias regularizers and constraints of a Keras layer do not
-change its outputs; they are dropped with a warning.
+change its outputs; they are dropped with a warning. keras-hub's tanh
+GELU (`gelu_approximate`, in GPT-2's and BERT's blocks) is a function
+only keras-hub can load: a converted block holds the same function
+registered by `keras_attention` instead, so it saves to `.keras` and
+loads without keras-hub (`to_keras` gives keras-hub's back).
 
 Examples:
     >>> import keras

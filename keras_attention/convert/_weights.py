@@ -6,6 +6,8 @@ import warnings
 
 import keras
 
+from keras_attention.layers.sublayers import gelu_approximate
+
 # Keras / keras-hub sublayer names and ours, one path component each.
 _NAMES = {
     "query": "query_dense",
@@ -18,6 +20,12 @@ _NAMES = {
     "feedforward_layer_norm": "feedforward_norm",
 }
 _DROPPED = ("regularizer", "constraint")
+# keras-hub's registered activations, which only keras-hub can load, and
+# ours that compute the same.
+_HUB_ACTIVATIONS = {
+    "keras_hub>gelu_approximate": gelu_approximate,
+    "keras_nlp>gelu_approximate": gelu_approximate,
+}
 
 
 def check_built(where, layer):
@@ -102,6 +110,21 @@ def refuse_structure(where, layer, block=False):
             f"an asymmetric pair has no equivalent. Received: "
             f"sliding_window={window!r}"
         )
+
+
+def activation(function, to_hub=False):
+    """A block's activation in the other library: keras-hub's tanh GELU
+    becomes ours (so that our block loads without keras-hub) and, with
+    `to_hub`, ours becomes keras-hub's; any other is kept."""
+    if to_hub:
+        if function is gelu_approximate:
+            found = keras.saving.get_registered_object(
+                "keras_hub>gelu_approximate"
+            )
+            return found or function
+        return function
+    name = keras.saving.get_registered_name(function)
+    return _HUB_ACTIVATIONS.get(name, function)
 
 
 def relative_weights(layer):

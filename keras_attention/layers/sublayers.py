@@ -6,6 +6,8 @@ calls a built leaf sublayer (a projection, a norm, a dropout) without
 Keras's per-call bookkeeping. `policy_for` and `dtype_config` carry
 per-sublayer dtype policies (quantized projections) through a layer's
 config; `enable_lora` adds LoRA adapters to chosen projections.
+`gelu_approximate` is the tanh GELU of the blocks converted from
+keras-hub, registered here so that they load without keras-hub.
 """
 
 import keras
@@ -21,6 +23,22 @@ LEAVES = (
     keras.layers.RMSNormalization,
     keras.layers.Dropout,
 )
+
+
+@keras.saving.register_keras_serializable(package="keras_attention")
+def gelu_approximate(x):
+    """GELU with the tanh approximation (GPT-2, BERT), keras-hub's
+    `gelu_approximate` under our name: a block's config refers to it as
+    `keras_attention>gelu_approximate`, which loads wherever
+    `keras_attention` is imported, keras-hub or not.
+
+    Args:
+        x (Tensor): Any shape.
+
+    Returns:
+        Tensor: `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`.
+    """
+    return keras.activations.gelu(x, approximate=True)
 
 
 def fresh(initializer):

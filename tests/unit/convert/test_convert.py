@@ -225,6 +225,23 @@ def test_replaced_decoder_takes_keras_hubs_source_masks():
     assert_close(ours(inputs), model(inputs))
 
 
+def test_keras_hubs_tanh_gelu_becomes_ours_and_back():
+    """GPT-2's blocks use keras-hub's registered `gelu_approximate`: the
+    converted block holds ours (a config that loads without keras-hub),
+    with the same outputs, and `to_keras` gives keras-hub's back."""
+    hubs = keras.saving.get_registered_object("keras_hub>gelu_approximate")
+    x, source = data(19), data(20, S)
+    theirs = hub.layers.TransformerDecoder(F, 2, activation=hubs)
+    want = theirs(x, source)
+    ours = convert.from_keras(theirs)
+    config = ours.get_config()["activation"]
+    assert config["config"] == "keras_attention>gelu_approximate"
+    assert_close(ours(x, source), want)
+    back = convert.to_keras(ours)
+    assert back.activation is hubs
+    assert_close(back(x, source), want)
+
+
 def test_round_trip_from_ours_keeps_outputs_and_weights():
     x = data(10)
     ours = TransformerDecoderBlock(2, F, normalize_first=True, name="block")
