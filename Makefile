@@ -18,7 +18,7 @@ export NO_MKDOCS_2_WARNING := 1
 KATEX := docs/assets/katex
 
 .PHONY: install lint format test test-% demo bench docs docs-assets \
-	docs-serve chromium \
+	docs-serve chromium gpu-wheels gpu-check \
 	clean
 
 $(STAMP): pyproject.toml constraints.txt
@@ -107,3 +107,30 @@ bench: $(STAMP)
 		done; \
 	done
 	$(BIN)/python benchmarks/report.py
+
+# The GPU check (issue 32): the GPU-relevant tests and benchmarks/gpu.py on
+# JAX and PyTorch in one call of at most 9 minutes, on a machine that has
+# JAX, PyTorch, pytest and hypothesis but no Keras and no network. Here,
+# `make gpu-wheels` puts in .whl (git-ignored) the wheels that machine
+# lacks: Keras at its pinned version and the two dependencies it does not
+# have. There, `make gpu-check` (or `python3 benchmarks/gpu_check.py`)
+# installs them in a temporary folder and writes logs and results under
+# $OUT (else build/gpu-check). CONTRIBUTING.md says how to run it.
+GPU_WHEELS := $(shell grep '^keras==' constraints.txt) namex==0.1.0 \
+	optree==0.20.0
+GPU_PLATFORMS := $(foreach n,2_28 2_27 2_17,--platform manylinux_$(n)_x86_64) \
+	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+
+gpu-wheels:
+	grep -qx '/.whl/' .git/info/exclude 2>/dev/null \
+		|| { mkdir -p .git/info && echo '/.whl/' >> .git/info/exclude; }
+	rm -rf .whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: \
+		--python-version 3.12 --implementation cp $(GPU_PLATFORMS) \
+		-d .whl $(GPU_WHEELS)
+	@ls .whl; du -sh .whl
+
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)

@@ -69,6 +69,11 @@ def block(result):
             leaf.block_until_ready()
         elif BACKEND == "tensorflow" and hasattr(leaf, "numpy"):
             leaf.numpy()
+    if BACKEND == "torch":
+        import torch
+
+        if torch.cuda.is_available():  # so does PyTorch on a GPU
+            torch.cuda.synchronize()
     return result
 
 
@@ -138,9 +143,12 @@ def _cpu_name():
     return platform.processor() or platform.machine()
 
 
-def write(name, payload):
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}_{BACKEND}.json"
+def write(name, payload, path=None, quiet=False):
+    """Writes the machine's facts and `payload` as JSON to `path`, by
+    default `results/<name>_<backend>.json`."""
+    path = Path(path) if path else RESULTS / f"{name}_{BACKEND}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**machine(), **payload}, indent=2))
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
     return path

@@ -1,64 +1,113 @@
-"""Attention on an NVIDIA GPU in bfloat16: ours vs the raw fused op.
+"""Attention on an NVIDIA GPU in bfloat16: ours against the raw fused op.
 
-For the JAX and PyTorch backends (one process each):
+For the JAX and PyTorch backends, one process each (`gpu_check.py` runs
+both, after the GPU tests):
 
-    KERAS_BACKEND=jax python benchmarks/gpu.py
-    KERAS_BACKEND=torch python benchmarks/gpu.py
+    KERAS_BACKEND=jax python benchmarks/gpu.py [--quick] [--output PATH]
+        [--budget-s SECONDS]
 
-times, at B=8, 16 heads of 128 (D=2048), T in {1024, 2048, 4096}, causal:
+measures in one process, with 16384 tokens a batch (B = 16, 4, 1 at
+T = 1024, 4096, 16384) and 16 heads of 64 or 128, causal and not:
 
-* `functional.scaled_dot_product_attention` as dispatched (forward, and
-  forward + backward);
-* the raw fused op: `jax.nn.dot_product_attention(implementation="cudnn")`
-  or `torch.nn.functional.scaled_dot_product_attention` (flash);
-* a `MultiHeadSelfAttention` training step (projections included).
+* `attention` rows: the bfloat16 forward and forward + backward of
+  `functional.scaled_dot_product_attention` as dispatched (the path it
+  takes is recorded) and of the raw fused op in the same process,
+  `jax.nn.dot_product_attention(implementation="cudnn")` or
+  `torch.nn.functional.scaled_dot_product_attention`: ms, TFLOP/s, the
+  kernels each ran (the cuDNN calls in JAX's compiled program, the
+  operators in PyTorch's profile) and ours / raw;
+* `layer` rows: a `MultiHeadSelfAttention` training step under
+  `mixed_bfloat16` (the four projections, SGD on a mean squared error):
+  ms, tokens/s and TFLOP/s;
+* `generation` rows: greedy generation with our KV cache (the model of
+  `generation.py`, its compiled loop) at batch 1 and 64: tokens/s.
 
-and reports attention TFLOP/s and ours / raw. Appends a markdown table to
-`benchmarks/results/gpu.md`, which `report.py` puts in
-docs/performance.md. Without a GPU it runs on the CPU at small sizes
-(`--quick`), which checks the script, not the speed.
+Attention FLOPs are those of its two matmuls, 4·B·N·T²·H (half of it
+causal); the backward does 2.5 times the forward's, as FlashAttention's
+papers count; a layer step adds 24·B·T·D² for the projections.
+
+The most telling jobs run first (T = 4096). With `--budget-s`, a job
+that would start once the budget is spent is listed under `skipped`.
+The JSON (`benchmarks/results/gpu_<backend>.json` unless `--output`) is
+written again after every job, so a run stopped from outside keeps what
+it measured. Without a GPU, or with `--quick`, it runs at tiny sizes on
+the CPU: that checks the script, not the speed.
 """
 
 import argparse
-import platform
-from pathlib import Path
+import math
+import re
+import statistics
+import time
+from dataclasses import dataclass
 
 import keras
-import numpy as np
 from common import BACKEND
-from common import RESULTS
-from common import compiled
-from common import median_seconds
+from common import block
+from common import write
 
 import keras_attention as ka
 from keras_attention import functional
 
-B, N, H = 8, 16, 128
+
+@dataclass(frozen=True)
+class Sizes:
+    tokens: int  # B·T of every attention and layer job
+    heads: int
+    lengths: tuple  # the first is measured first, and most fully
+    head_dims: tuple
+    causal: tuple
+    batches: tuple  # of generation
+    new_tokens: int
 
 
-def raw_op(gpu):
+GPU_SIZES = Sizes(
+    16384, 16, (4096, 16384, 1024), (128, 64), (False, True), (1, 64), 128
+)
+QUICK_SIZES = Sizes(256, 2, (128,), (16,), (True,), (1,), 8)
+
+
+def device():
+    """`(name, on_gpu, versions)` of the device the backend computes on."""
+    if BACKEND == "jax":
+        import jax
+
+        first = jax.devices()[0]
+        versions = {"jax": jax.__version__}
+        return first.device_kind, first.platform == "gpu", versions
+    import torch
+
+    versions = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+    }
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0), True, versions
+    return "cpu", False, versions
+
+
+def raw_op(causal, gpu):
+    """The backend's own fused attention on `(B, T, N, H)` inputs."""
     if BACKEND == "jax":
         import jax
 
         implementation = "cudnn" if gpu else None
         return lambda q, k, v: jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, implementation=implementation
+            q, k, v, is_causal=causal, implementation=implementation
         )
     import torch.nn.functional as F
 
     def torch_sdpa(q, k, v):  # torch wants (B, N, T, H)
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return out.transpose(1, 2)  # (B, T, N, H)
 
     return torch_sdpa
 
 
-def ours(q, k, v):
-    return functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
 def with_backward(fn):
-    """fn's forward plus the gradients of sum(out) w.r.t. q, k, v."""
+    """fn's forward and the gradients of sum(out) for q, k and v."""
     if BACKEND == "jax":
         import jax
 
@@ -74,73 +123,213 @@ def with_backward(fn):
     return step
 
 
-def gpu_name():
+def prepared(fn, args):
+    """`(call, kernels)`: `call()` runs `fn(*args)` as the backend runs
+    it (compiled on JAX, eagerly on PyTorch); `kernels` names the
+    attention kernels it ran."""
     if BACKEND == "jax":
         import jax
 
-        device = jax.devices()[0]
-        return device.device_kind, device.platform == "gpu"
+        compiled = jax.jit(fn).lower(*args).compile()
+        found = re.findall(r"__cudnn\$fmha\w*", compiled.as_text() or "")
+        return (lambda: compiled(*args)), sorted(set(found)) or ["xla"]
     import torch
 
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0), True
-    return platform.processor() or "cpu", False
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as profile:
+        block(fn(*args))
+    names = {event.key for event in profile.key_averages()}
+    kernels = sorted(
+        name
+        for name in names
+        if "scaled_dot_product" in name
+        and name != "aten::scaled_dot_product_attention"
+    )
+    return (lambda: fn(*args)), kernels
+
+
+def seconds_per_call(call, rounds=5, round_s=0.02):
+    """Median time of one `call()`, timed over rounds of back-to-back
+    calls (at least `round_s` a round), after a warm-up call."""
+    block(call())
+    start = time.perf_counter()
+    block(call())
+    once = time.perf_counter() - start
+    calls = max(1, min(100, math.ceil(round_s / max(once, 1e-9))))
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls - 1):
+            call()
+        block(call())
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+def attention_flops(batch, heads, length, head_dim, causal):
+    return 4 * batch * heads * length**2 * head_dim * (0.5 if causal else 1)
+
+
+def attention_job(sizes, gpu, length, head_dim, causal):
+    batch = sizes.tokens // length
+    shape = (batch, length, sizes.heads, head_dim)  # (B, T, N, H)
+    q, k, v = (
+        keras.random.normal(shape, dtype="bfloat16", seed=i) for i in range(3)
+    )
+    flops = attention_flops(batch, sizes.heads, length, head_dim, causal)
+    row = {
+        "kind": "attention",
+        "length": length,
+        "batch": batch,
+        "heads": sizes.heads,
+        "head_dim": head_dim,
+        "causal": causal,
+        "path": functional.explain(q, k, v, is_causal=causal).path,
+    }
+
+    def ours(q, k, v):
+        return functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal
+        )
+
+    for label, fn in (("ours", ours), ("raw", raw_op(causal, gpu))):
+        for part, f, factor in (
+            ("fwd", fn, 1.0),
+            ("fwdbwd", with_backward(fn), 3.5),
+        ):
+            call, kernels = prepared(f, (q, k, v))
+            seconds = seconds_per_call(call)
+            row[f"{label}_{part}_ms"] = seconds * 1e3
+            row[f"{label}_{part}_tflops"] = factor * flops / seconds / 1e12
+            row[f"{label}_{part}_kernels"] = kernels
+    for part in ("fwd", "fwdbwd"):
+        ratio = row[f"ours_{part}_tflops"] / row[f"raw_{part}_tflops"]
+        row[f"{part}_ours_over_raw"] = ratio
+    return row
+
+
+def layer_job(sizes, gpu, length, head_dim, causal):
+    batch = sizes.tokens // length
+    dim = sizes.heads * head_dim
+    layer = ka.MultiHeadSelfAttention(
+        sizes.heads, head_dim, dtype="mixed_bfloat16"
+    )
+    inputs = keras.Input((length, dim), batch_size=batch)
+    model = keras.Model(inputs, layer(inputs, use_causal_mask=causal))
+    model.compile(optimizer="sgd", loss="mse")
+    x = keras.random.normal((batch, length, dim), seed=1)  # on the device
+    seconds = seconds_per_call(lambda: model.train_on_batch(x, x), rounds=3)
+    flops = 3.5 * attention_flops(batch, sizes.heads, length, head_dim, causal)
+    flops += 24 * batch * length * dim**2
+    return {
+        "kind": "layer",
+        "length": length,
+        "batch": batch,
+        "heads": sizes.heads,
+        "head_dim": head_dim,
+        "causal": causal,
+        "step_ms": seconds * 1e3,
+        "tokens_per_s": batch * length / seconds,
+        "tflops": flops / seconds / 1e12,
+    }
+
+
+_GENERATION_MODELS = {}
+
+
+def generation_job(sizes, gpu, batch):
+    from generation import Model
+    from generation import generator
+
+    if "model" not in _GENERATION_MODELS:
+        keras.config.set_dtype_policy("mixed_bfloat16")
+        try:
+            model = Model("ours_cached", sizes.new_tokens + 1)
+        finally:
+            keras.config.set_dtype_policy("float32")
+        _GENERATION_MODELS["model"] = model
+    model = _GENERATION_MODELS["model"]
+    generate = generator(model, "compiled", sizes.new_tokens)
+    seconds = seconds_per_call(lambda: generate(batch), rounds=3, round_s=0)
+    return {
+        "kind": "generation",
+        "batch": batch,
+        "new_tokens": sizes.new_tokens,
+        "loop": "compiled",
+        "policy": "mixed_bfloat16",
+        "tokens_per_s": batch * sizes.new_tokens / seconds,
+    }
+
+
+def jobs(sizes):
+    """`(name, job, arguments)`, the most telling first: attention at the
+    first length, a causal layer step and generation there, then the
+    other lengths, then the other layer steps."""
+    first, *others = sizes.lengths
+    grid = [(d, c) for d in sizes.head_dims for c in sizes.causal]
+    listed = [(attention_job, (first, d, c)) for d, c in grid]
+    typical = (first, sizes.head_dims[0], sizes.causal[-1])  # causal
+    listed.append((layer_job, typical))
+    listed += [(generation_job, (batch,)) for batch in sizes.batches]
+    listed += [(attention_job, (t, d, c)) for t in others for d, c in grid]
+    listed += [
+        (layer_job, (t, d, c))
+        for t in sizes.lengths
+        for d, c in grid
+        if (t, d, c) != typical
+    ]
+    return [
+        (f"{job.__name__[:-4]} {' '.join(map(str, args))}", job, args)
+        for job, args in listed
+    ]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--output", help="the JSON file to write")
+    parser.add_argument("--budget-s", type=float, default=None)
     args = parser.parse_args()
-    name, gpu = gpu_name()
-    lengths = (128, 256) if args.quick or not gpu else (1024, 2048, 4096)
-    heads, head_dim = (2, 16) if args.quick or not gpu else (N, H)
-    rng = np.random.default_rng(0)
-    lines = [
-        f"### {name}, {BACKEND}, bfloat16, causal, B={B}, "
-        f"{heads} heads of {head_dim}",
-        "",
-        "| T | ours fwd TFLOP/s | raw fwd TFLOP/s | ours / raw | ours "
-        "fwd+bwd TFLOP/s | raw fwd+bwd TFLOP/s | ours / raw "
-        "| layer train step ms |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    raw = raw_op(gpu)
-    for length in lengths:
-        shape = (B, length, heads, head_dim)
-        q, k, v = (
-            keras.ops.cast(rng.normal(size=shape).astype("float32"), "bfloat16")
-            for _ in range(3)
-        )
-        # Causal attention does half of the 4·B·N·T²·H multiply-adds.
-        flops = 2 * B * heads * length * length * head_dim
-        timings = {}
-        for label, fn in (("ours", ours), ("raw", raw)):
-            forward = compiled(fn)
-            backward = compiled(with_backward(fn))
-            timings[label] = (
-                median_seconds(lambda f=forward, a=(q, k, v): f(*a)),
-                median_seconds(lambda f=backward, a=(q, k, v): f(*a)),
-            )
-        layer = ka.MultiHeadSelfAttention(heads, head_dim, dtype="bfloat16")
-        inputs = keras.Input((length, heads * head_dim), batch_size=B)
-        model = keras.Model(inputs, layer(inputs, use_causal_mask=True))
-        model.compile(optimizer="sgd", loss="mse")
-        x = rng.normal(size=(B, length, heads * head_dim)).astype("float32")
-        step_s = median_seconds(lambda m=model, x=x: m.train_on_batch(x, x))
-        (ours_f, ours_b), (raw_f, raw_b) = timings["ours"], timings["raw"]
-        lines.append(
-            f"| {length} | {flops / ours_f / 1e12:.1f} "
-            f"| {flops / raw_f / 1e12:.1f} | {raw_f / ours_f:.2f} "
-            f"| {3.5 * flops / ours_b / 1e12:.1f} "
-            f"| {3.5 * flops / raw_b / 1e12:.1f} | {raw_b / ours_b:.2f} "
-            f"| {step_s * 1e3:.1f} |"
-        )
-        print(lines[-1], flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    out = Path(RESULTS / "gpu.md")
-    previous = out.read_text() if out.exists() else "## GPU\n\n"
-    out.write_text(previous + "\n".join(lines) + "\n\n")
-    print(f"wrote {out}")
+    start = time.perf_counter()
+    name, gpu, versions = device()
+    sizes = QUICK_SIZES if args.quick or not gpu else GPU_SIZES
+    payload = {
+        "device": name,
+        "gpu": gpu,
+        "versions": versions,
+        "quick": sizes == QUICK_SIZES,
+        "dtype": "bfloat16",
+        "tokens_per_batch": sizes.tokens,
+        "budget_s": args.budget_s,
+        "rows": [],
+        "skipped": [],
+        "failed": [],
+    }
+    durations = []
+    for label, job, job_args in jobs(sizes):
+        elapsed = time.perf_counter() - start
+        needed = statistics.mean(durations) if durations else 0.0
+        if args.budget_s is not None and elapsed + needed > args.budget_s:
+            payload["skipped"].append(label)
+            print(f"skipped {label}: the budget is spent", flush=True)
+            continue
+        job_start = time.perf_counter()
+        try:
+            row = job(sizes, gpu, *job_args)
+        except Exception as error:  # keep measuring the other jobs
+            payload["failed"].append(f"{label}: {error!r}"[:500])
+            print(f"FAILED {label}: {error!r}", flush=True)
+            row = None
+        durations.append(time.perf_counter() - job_start)
+        if row is not None:
+            row["seconds"] = round(durations[-1], 1)  # compiling included
+            payload["rows"].append(row)
+            print(f"{label}: {row}", flush=True)
+        payload["seconds"] = time.perf_counter() - start
+        write("gpu", payload, path=args.output, quiet=True)
+    path = write("gpu", payload, path=args.output)
+    if payload["failed"]:
+        raise SystemExit(f"{len(payload['failed'])} jobs failed; see {path}")
 
 
 if __name__ == "__main__":
