@@ -21,6 +21,7 @@ from keras_attention._core.masking import logits_dtype as logits_dtype
 from keras_attention._core.masking import masked_softmax as masked_softmax
 from keras_attention._core.masking import merge_masks as merge_masks
 from keras_attention._core.positions import angles as angles
+from keras_attention._core.positions import steps as steps
 from keras_attention._core.reference import attend as attend
 from keras_attention._core.reference import (
     attention_weights as attention_weights,

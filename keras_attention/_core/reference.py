@@ -19,6 +19,7 @@ from keras_attention._core.masking import expand_mask
 from keras_attention._core.masking import logits_dtype
 from keras_attention._core.masking import masked_softmax
 from keras_attention._core.masking import merge_masks
+from keras_attention._core.positions import steps
 
 
 def reference(query, key, value, mask, scale, structure):
@@ -49,7 +50,7 @@ def reference_weights(query, key, mask, structure, scale=None):
     if dense is not None:
         mask = merge_masks(mask, expand_mask(dense, rank))
     heads = 1 if rank == 3 else query.shape[2]
-    rows, cols = ops.arange(0, query_length), ops.arange(0, key_length)
+    rows, cols = steps(query_length), steps(key_length)
     modded = structure.mod_mask(ops.shape(query)[0], heads, rows, cols)
     if modded is not None:
         mask = merge_masks(mask, modded[:, 0] if rank == 3 else modded)

@@ -46,6 +46,7 @@ from keras_attention._core.mods import check_mod
 from keras_attention._core.mods import grid
 from keras_attention._core.mods import modified
 from keras_attention._core.mods import visible
+from keras_attention._core.positions import steps
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -291,8 +292,8 @@ class Structure:
         """The ALiBi bias `(1, N, T, S)`, or `None` without ALiBi."""
         if not self.alibi:
             return None
-        rows = ops.expand_dims(ops.arange(0, query_length), 1)  # (T, 1)
-        cols = ops.expand_dims(ops.arange(0, key_length), 0)  # (1, S)
+        rows = ops.expand_dims(steps(query_length), 1)  # (T, 1)
+        cols = ops.expand_dims(steps(key_length), 0)  # (1, S)
         return ops.expand_dims(self.alibi_bias(num_heads, rows, cols), 0)
 
     def with_mods(self, **mods):
@@ -330,8 +331,8 @@ class Structure:
         or `None`."""
         visible = None
         if self.has_band:
-            rows = ops.expand_dims(ops.arange(0, query_length), 1)  # (T, 1)
-            cols = ops.expand_dims(ops.arange(0, key_length), 0)  # (1, S)
+            rows = ops.expand_dims(steps(query_length), 1)  # (T, 1)
+            cols = ops.expand_dims(steps(key_length), 0)  # (1, S)
             visible = ops.expand_dims(self.band_visible(rows, cols), 0)
         if self.has_segments:
             same = segments_visible(

@@ -32,7 +32,7 @@ def position_angles(length, dim: int, start_index=0, max_wavelength=1e4):
         [[1.   0.01]
          [2.   0.02]]
     """
-    positions = ops.cast(ops.arange(0, length), "float32") + ops.cast(
+    positions = ops.cast(_core.steps(length), "float32") + ops.cast(
         start_index, "float32"
     )  # (T,)
     return _core.angles(positions, dim, max_wavelength)  # (T, ⌈D/2⌉)

@@ -6,6 +6,7 @@ Shape legend: B batch, T sequence length, D model dim, L max length.
 import keras
 from keras import ops
 
+from keras_attention import _core
 from keras_attention.layers import checks
 
 
@@ -116,7 +117,7 @@ class PositionEmbedding(keras.layers.Layer):
         ):
             # Slicing at a traced start or to a symbolic length (export)
             # compares them with the table's length: gather the rows.
-            rows = start_index + ops.arange(0, length)  # (T,)
+            rows = start_index + _core.steps(length)  # (T,)
             positions = ops.take(table, rows, axis=0)  # (T, D)
         else:
             positions = ops.slice(

@@ -40,11 +40,10 @@ CASES = ((2, 5), (3, 7))  # (batch, length): both dynamic
 GENERATE = 6  # tokens generated with the decode-step artefact
 TOLERANCE = 1e-5
 
-# Where the exporter cannot keep the lengths dynamic (`_EXPECTED`), the
-# models are also exported to ONNX the way the docs advise: with a fixed
-# length on JAX (batch still dynamic), with fixed shapes on PyTorch.
+# Where the exporter cannot keep the shapes dynamic (`_EXPECTED`), the
+# models are also exported to ONNX the way the docs advise: with fixed
+# shapes on PyTorch.
 FIXED = {
-    "jax": ("onnx-fixed-length", ((2, 5), (3, 5)), None),
     "torch": ("onnx-fixed-shape", ((2, 5),), 2),
 }.get(BACKEND)  # (variant, (batch, length) cases, batch in the signature)
 
@@ -327,16 +326,7 @@ _TORCH_XLA = (
     "Keras exports a SavedModel from PyTorch through torch_xla, which has "
     "no release for this PyTorch (the newest, 2.9, needs torch 2.9).",
 )
-_JAX2ONNX_RANGE = (
-    "Exception",
-    "(?i)dynamic_?dim_?sentinel",
-    "jax2onnx gives `arange` of a symbolic length a dimension of its own, "
-    "which then does not broadcast or slice against the input's symbolic "
-    "length (dynamic shapes in jax2onnx: enpasos/jax2onnx#212, #168).",
-)
 _EXPECTED = {
-    ("jax", "encoder_decoder", "onnx"): _JAX2ONNX_RANGE,
-    ("jax", "decoder_lm", "onnx"): _JAX2ONNX_RANGE,
     ("torch", "encoder_decoder", "onnx"): _TORCH_LAYER_NORM,
     ("torch", "decoder_lm", "onnx"): _TORCH_LAYER_NORM,
     ("torch", "rnn_nmt", "onnx"): (
