@@ -123,6 +123,41 @@ def plot_layers(results):
     plt.close(figure)
 
 
+def paths_section():
+    results = load("paths")
+    lines = [
+        "## Choosing a path",
+        "",
+        "Where no fused kernel runs, the reference and the blockwise path, "
+        "each forced, and the path the dispatch picks (*auto*), forward "
+        "and backward of attention alone (B=8, 8 heads of 64, float32, "
+        "milliseconds, median). *cost* is the blockwise path's time over "
+        "the reference's per block pair it visits, the factor the "
+        "dispatch's cost model uses; *matmul efficiency* is the time the "
+        "same block-shaped matmuls take alone in the same process over "
+        "the blockwise kernel's time.",
+        "",
+        "| backend | T | causal | reference | blockwise | auto | auto path "
+        "| cost | matmul efficiency |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for backend, data in results.items():
+        for r in data["rows"]:
+            lines.append(
+                f"| {backend} | {r['T']} | {'yes' if r['causal'] else 'no'} "
+                f"| {r['reference_ms']:.0f} | {r['chunked_ms']:.0f} "
+                f"| {r['auto_ms']:.0f} | {r['auto_path']} | {r['cost']:.2f} "
+                f"| {r['matmul_efficiency']:.2f} |"
+            )
+    lines.append("")
+    for backend, data in results.items():
+        lines.append(
+            f"* {backend}: median cost {data['fitted_cost']:.2f} per block "
+            f"pair; the dispatch uses {data['dispatch_cost']}."
+        )
+    return [*lines, ""]
+
+
 def memory_section():
     results = load("memory")
     lines = [
@@ -542,10 +577,49 @@ def quantization_section():
     return [*lines, ""]
 
 
+def gpu_section():
+    results = {b: d for b, d in load("gpu").items() if not d.get("quick")}
+    lines = ["## On a GPU", ""]
+    if not results:
+        return [
+            *lines,
+            "No GPU figures yet: every figure on this page was measured on "
+            "a CPU. `benchmarks/gpu.py` measures bfloat16 attention and "
+            "training steps against the backend's raw fused kernel.",
+            "",
+        ]
+    lines += [
+        "bfloat16, attention alone: TFLOP/s of ours and of the raw fused "
+        "op in the same process (`jax.nn.dot_product_attention("
+        'implementation="cudnn")`, `torch.nn.functional.'
+        "scaled_dot_product_attention`).",
+        "",
+        "| backend | GPU | T | head dim | causal | ours fwd | raw fwd "
+        "| ours fwd+bwd | raw fwd+bwd |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for backend, data in results.items():
+        for r in data["rows"]:
+            if r.get("kind") != "attention":
+                continue
+            lines.append(
+                f"| {backend} | {data.get('gpu', '-')} | {r['length']} "
+                f"| {r['head_dim']} | {'yes' if r['causal'] else 'no'} "
+                + " ".join(
+                    f"| {r.get(f'{who}_{kind}_tflops') or 0:.0f}"
+                    for kind in ("fwd", "fwdbwd")
+                    for who in ("ours", "raw")
+                )
+                + " |"
+            )
+    return [*lines, ""]
+
+
 def main():
     lines = [INTRO.rstrip(), ""]
     lines += layers_section()
     lines += causal_section()
+    lines += paths_section()
     lines += memory_section()
     lines += generation_section()
     lines += structure_section()
@@ -553,9 +627,7 @@ def main():
     lines += relative_bias_section()
     lines += rnn_section()
     lines += quantization_section()
-    gpu = RESULTS / "gpu.md"
-    if gpu.exists():
-        lines += [gpu.read_text().rstrip(), ""]
+    lines += gpu_section()
     (DOCS / "performance.md").write_text("\n".join(lines))
     print(f"wrote {DOCS / 'performance.md'}")
 
