@@ -22,13 +22,12 @@ import argparse
 
 import keras
 import numpy as np
+from common import attention_step
 from common import compiled
-from common import gradient_step
 from common import median_seconds
 from common import write
 
 import keras_attention as ka
-from keras_attention import functional
 
 B, D, N = 4, 512, 8
 H = D // N
@@ -49,25 +48,6 @@ def layer_step_seconds(name, length, repeats):
     x = rng.normal(size=(B, length, D)).astype("float32")
     zeros = np.zeros_like(x)
     return median_seconds(lambda: model.train_on_batch(x, zeros), repeats)
-
-
-def kernel_step(length):
-    """Forward and backward of our causal kernel on `(B, T, N, H)` heads,
-    compiled as Keras compiles a training step on CPU (`jax.jit`; a
-    TensorFlow graph without XLA)."""
-    rng = np.random.default_rng(0)
-    q, k, v, cotangent = (
-        keras.ops.convert_to_tensor(
-            rng.normal(size=(B, length, N, H)).astype("float32")
-        )
-        for _ in range(4)
-    )
-
-    def loss(q, k, v):
-        out = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return keras.ops.sum(out * cotangent)
-
-    return gradient_step(loss, q, k, v)
 
 
 def torch_kernel_step(length):
@@ -135,7 +115,7 @@ def main():
             print(f"T={length:5d} {name:18s} train {seconds * 1e3:9.1f} ms")
             keras.backend.clear_session()
         kernels = {
-            "ours_kernel_causal": kernel_step(length),
+            "ours_kernel_causal": attention_step((B, length, N, H), True),
             "torch_sdpa_kernel_causal": torch_kernel_step(length),
         }
         for name, step in kernels.items():

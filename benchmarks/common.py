@@ -62,6 +62,33 @@ def gradient_step(loss, q, k, v):
     return lambda: torch.autograd.grad(loss(q, k, v), (q, k, v))
 
 
+def attention_step(shape, causal, path=None):
+    """`fn()`: forward and backward of `scaled_dot_product_attention` on
+    random `(B, T, N, H)` heads of `shape` (`gradient_step`), on `path`
+    forced, or on the path the dispatch picks."""
+    from keras_attention import _kernels
+    from keras_attention import functional
+
+    rng = np.random.default_rng(0)
+    q, k, v, cotangent = (
+        keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
+        for _ in range(4)
+    )
+
+    def loss(q, k, v):
+        out = functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return keras.ops.sum(out * cotangent)
+
+    if path is None:
+        return gradient_step(loss, q, k, v)
+
+    def forced(q, k, v):
+        with _kernels.force(path):
+            return loss(q, k, v)
+
+    return gradient_step(forced, q, k, v)
+
+
 def block(result):
     """Waits for `result` (any nest of tensors) to be computed."""
     for leaf in keras.tree.flatten(result):

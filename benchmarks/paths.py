@@ -26,7 +26,7 @@ import statistics
 import keras
 import numpy as np
 from common import BACKEND
-from common import gradient_step
+from common import attention_step
 from common import interleaved_medians
 from common import write
 
@@ -35,29 +35,6 @@ from keras_attention import functional
 
 B, N, H = 8, 8, 64
 C = _kernels.CHUNK_SIZE
-
-
-def attention_step(path, length, causal):
-    rng = np.random.default_rng(0)
-    q, k, v, cotangent = (
-        keras.ops.convert_to_tensor(
-            rng.normal(size=(B, length, N, H)).astype("float32")
-        )
-        for _ in range(4)
-    )
-
-    def loss(q, k, v):
-        out = functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return keras.ops.sum(out * cotangent)
-
-    if path == "auto":
-        return gradient_step(loss, q, k, v)
-
-    def forced(q, k, v):
-        with _kernels.force(path):
-            return loss(q, k, v)
-
-    return gradient_step(forced, q, k, v)
 
 
 def block_matmuls():
@@ -104,7 +81,9 @@ def main():
     for length in lengths:
         for causal in (False, True):
             steps = {
-                path: attention_step(path, length, causal)
+                path: attention_step(
+                    (B, length, N, H), causal, None if path == "auto" else path
+                )
                 for path in ("reference", "chunked", "auto")
             }
             times = interleaved_medians(steps, repeats=repeats)
