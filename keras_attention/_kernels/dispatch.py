@@ -21,6 +21,7 @@ import keras
 from keras import ops
 
 from keras_attention import _core
+from keras_attention import distribution as context_parallel
 from keras_attention._kernels import backends
 from keras_attention._kernels import runtime
 from keras_attention._kernels.blockwise import chunked_attention
@@ -274,6 +275,14 @@ def attention(
         scale = 1.0 / math.sqrt(query.shape[-1])
     if mask is not None:
         mask = _core.expand_mask(mask, len(query.shape))  # the weights' rank
+    distribution = context_parallel.active()
+    if distribution is not None:
+        from keras_attention._kernels import context
+
+        if context.refusal(structure, return_weights) is None:
+            return context.context_attention(
+                query, key, value, mask, structure, scale, distribution
+            )
     if return_weights:
         return _core.reference(query, key, value, mask, scale, structure)
     path = choose(query, key, value, structure=structure)[0]
