@@ -316,81 +316,82 @@ class _Step:
 
 def _ring_attention(step, sharding):
     """`fn(query, key, value, tensors)` on one device's shards (in chunk
-    order), with its own backward pass."""
+    order), with its own backward pass. One loop visits every key chunk:
+    the ring's `P` steps (two chunks held at each, then passed on), or
+    the `2P` chunks of the gathered keys."""
     devices = sharding.devices
     name = sharding.sequence_axis
     shift = [(d, (d + 1) % devices) for d in range(devices)]
+    steps = devices if sharding.ring else 2 * devices
 
-    def sources(device):
-        """For each step, the device whose key shard is held (ring), or
-        `None` for the one step on gathered keys."""
-        if not sharding.ring:
-            return [None]
-        return [(device - s) % devices for s in range(devices)]
+    def held(device, index, rows):
+        """`(global chunk, first row)` of each key chunk held at loop
+        step `index`, chunks of `rows` rows."""
+        if sharding.ring:
+            source = (device - index) % devices  # whose shard is held
+            return [(c, i * rows) for i, c in enumerate(sharding.chunks(source))]
+        order = jnp.asarray(_all_chunks(sharding), "int32")
+        return [(order[index], index * rows)]
 
-    def key_chunks(source, key_length):
-        """The `(chunk, row offset)` of each key chunk held at a step."""
-        if source is None:
-            # Gathered: device d's chunks at rows 2d x chunk, in order.
-            return [
-                (c, i * key_length)
-                for i, c in enumerate(_all_chunks(sharding))
-            ]
-        return [(c, i * key_length) for i, c in enumerate(
-            sharding.chunks(source))]  # fmt: skip
-
-    def gather(x):
-        return lax.all_gather(x, name, axis=1, tiled=True)
-
-    def pairs(query, key_length, device, source):
-        """`(query rows, query positions, key rows, key positions,
-        reached)` of each chunk pair of a step."""
-        query_length = query.shape[1] // 2
+    def pairs(device, index, query_rows, key_rows):
+        """Each chunk pair of a step: `(query row, query positions, key
+        row, key positions, reached)`."""
         found = []
-        for i, q in enumerate(sharding.chunks(device)):
-            for k, rows in key_chunks(source, key_length):
+        for k, k_row in held(device, index, key_rows):
+            for i, q in enumerate(sharding.chunks(device)):
                 found.append(
                     (
-                        i * query_length,
-                        step.positions(q, query_length),
-                        rows,
-                        step.positions(k, key_length),
-                        _reached(
-                            step.structure, q, k, query_length, key_length
-                        ),
+                        i * query_rows,
+                        step.positions(q, query_rows),
+                        k_row,
+                        step.positions(k, key_rows),
+                        _reached(step.structure, q, k, query_rows, key_rows),
                     )
                 )
         return found
 
+    def exchanged(key, value):
+        if sharding.ring:
+            return key, value
+        return tuple(
+            lax.all_gather(x, name, axis=1, tiled=True) for x in (key, value)
+        )
+
     def forward_pass(query, key, value, tensors):
         batch, length, heads, _ = query.shape
-        key_length = key.shape[1] // 2
-        output = jnp.zeros((*query.shape[:3], value.shape[3]), "float32")
-        lse = jnp.full((batch, heads, length), -jnp.inf, "float32")
+        query_rows, key_rows = length // 2, key.shape[1] // 2
         device = lax.axis_index(name)
-        for index, source in enumerate(sources(device)):
-            keys, values = (key, value) if source is not None else (
-                gather(key), gather(value))  # fmt: skip
-            for q_rows, q_pos, k_rows, k_pos, reached in pairs(
-                query, key_length, device, source
+
+        def visit(index, carry):
+            output, lse, keys, values = carry
+            for q_row, q_pos, k_row, k_pos, reached in pairs(
+                device, index, query_rows, key_rows
             ):
-                q = lax.dynamic_slice_in_dim(query, q_rows, len(q_pos), 1)
-                k = lax.dynamic_slice_in_dim(keys, k_rows, key_length, 1)
-                v = lax.dynamic_slice_in_dim(values, k_rows, key_length, 1)
-                o = lax.dynamic_slice_in_dim(output, q_rows, len(q_pos), 1)
-                m = lax.dynamic_slice_in_dim(lse, q_rows, len(q_pos), 2)
+                parts = (
+                    lax.dynamic_slice_in_dim(output, q_row, query_rows, 1),
+                    lax.dynamic_slice_in_dim(lse, q_row, query_rows, 2),
+                    lax.dynamic_slice_in_dim(query, q_row, query_rows, 1),
+                    lax.dynamic_slice_in_dim(keys, k_row, key_rows, 1),
+                    lax.dynamic_slice_in_dim(values, k_row, key_rows, 1),
+                )
                 o, m = lax.cond(
                     reached,
-                    lambda o, m, q=q, k=k, v=v, qp=q_pos, kp=k_pos, r=q_rows:
+                    lambda o, m, q, k, v, qp=q_pos, kp=k_pos, r=q_row:
                         _merge(step, tensors, o, m, q, k, v, qp, kp, r),
-                    lambda o, m: (o, m),
-                    o,
-                    m,
+                    lambda o, m, *_: (o, m),
+                    *parts,
                 )  # fmt: skip
-                output = lax.dynamic_update_slice_in_dim(output, o, q_rows, 1)
-                lse = lax.dynamic_update_slice_in_dim(lse, m, q_rows, 2)
-            if sharding.ring and index < devices - 1:
-                key, value = (lax.ppermute(x, name, shift) for x in (key, value))
+                output = lax.dynamic_update_slice_in_dim(output, o, q_row, 1)
+                lse = lax.dynamic_update_slice_in_dim(lse, m, q_row, 2)
+            if sharding.ring:
+                keys, values = (lax.ppermute(x, name, shift) for x in (keys, values))
+            return output, lse, keys, values
+
+        output = jnp.zeros((*query.shape[:3], value.shape[3]), "float32")
+        lse = jnp.full((batch, heads, length), -jnp.inf, "float32")
+        output, lse, _, _ = lax.fori_loop(
+            0, steps, visit, (output, lse, *exchanged(key, value))
+        )
         return output.astype(value.dtype), lse
 
     @jax.custom_vjp
@@ -405,51 +406,47 @@ def _ring_attention(step, sharding):
         query, key, value, tensors, output, lse = residuals
         grad = grad.astype("float32")
         delta = jnp.einsum("btnv,btnv->bnt", grad, output.astype("float32"))
-        key_length = key.shape[1] // 2
-        grad_query = jnp.zeros(query.shape, "float32")
-        keys, values = key, value
-        if not sharding.ring:
-            keys, values = gather(key), gather(value)
-        grad_key = jnp.zeros(keys.shape, "float32")
-        grad_value = jnp.zeros(values.shape, "float32")
+        query_rows, key_rows = query.shape[1] // 2, key.shape[1] // 2
         device = lax.axis_index(name)
-        for index, source in enumerate(sources(device)):
-            for q_rows, q_pos, k_rows, k_pos, reached in pairs(
-                query, key_length, device, source
+
+        def visit(index, carry):
+            grad_query, grad_key, grad_value, keys, values = carry
+            for q_row, q_pos, k_row, k_pos, reached in pairs(
+                device, index, query_rows, key_rows
             ):
-                rows = len(q_pos)
                 parts = (
-                    lax.dynamic_slice_in_dim(query, q_rows, rows, 1),
-                    lax.dynamic_slice_in_dim(keys, k_rows, key_length, 1),
-                    lax.dynamic_slice_in_dim(values, k_rows, key_length, 1),
-                    lax.dynamic_slice_in_dim(grad, q_rows, rows, 1),
-                    lax.dynamic_slice_in_dim(lse, q_rows, rows, 2),
-                    lax.dynamic_slice_in_dim(delta, q_rows, rows, 2),
-                )
-                zeros = (
-                    jnp.zeros(parts[0].shape, "float32"),
-                    jnp.zeros(parts[1].shape, "float32"),
-                    jnp.zeros(parts[2].shape, "float32"),
+                    lax.dynamic_slice_in_dim(query, q_row, query_rows, 1),
+                    lax.dynamic_slice_in_dim(keys, k_row, key_rows, 1),
+                    lax.dynamic_slice_in_dim(values, k_row, key_rows, 1),
+                    lax.dynamic_slice_in_dim(grad, q_row, query_rows, 1),
+                    lax.dynamic_slice_in_dim(lse, q_row, query_rows, 2),
+                    lax.dynamic_slice_in_dim(delta, q_row, query_rows, 2),
                 )
                 dq, dk, dv = lax.cond(
                     reached,
-                    lambda parts=parts, qp=q_pos, kp=k_pos, r=q_rows:
-                        _block_grads(step, tensors, *parts, qp, kp, r),
-                    lambda: zeros,
+                    lambda *p, qp=q_pos, kp=k_pos, r=q_row:
+                        _block_grads(step, tensors, *p, qp, kp, r),
+                    lambda q, k, v, *_: tuple(
+                        jnp.zeros(x.shape, "float32") for x in (q, k, v)),
+                    *parts,
                 )  # fmt: skip
-                grad_query = _add_rows(grad_query, dq, q_rows, 1)
-                grad_key = _add_rows(grad_key, dk, k_rows, 1)
-                grad_value = _add_rows(grad_value, dv, k_rows, 1)
+                grad_query = _add_rows(grad_query, dq, q_row, 1)
+                grad_key = _add_rows(grad_key, dk, k_row, 1)
+                grad_value = _add_rows(grad_value, dv, k_row, 1)
             if sharding.ring:
-                # The gradients travel with their keys; after P moves
+                # The gradients travel with their keys: after P moves
                 # they are home.
-                moved = [grad_key, grad_value]
-                if index < devices - 1:
-                    moved += [keys, values]
-                moved = [lax.ppermute(x, name, shift) for x in moved]
-                grad_key, grad_value = moved[:2]
-                if index < devices - 1:
-                    keys, values = moved[2:]
+                moved = (grad_key, grad_value, keys, values)
+                grad_key, grad_value, keys, values = (
+                    lax.ppermute(x, name, shift) for x in moved
+                )
+            return grad_query, grad_key, grad_value, keys, values
+
+        keys, values = exchanged(key, value)
+        zeros = [jnp.zeros(x.shape, "float32") for x in (query, keys, values)]
+        grad_query, grad_key, grad_value, _, _ = lax.fori_loop(
+            0, steps, visit, (*zeros, keys, values)
+        )
         if not sharding.ring:
             grad_key, grad_value = (
                 lax.psum_scatter(g, name, scatter_dimension=1, tiled=True)
@@ -467,7 +464,7 @@ def _ring_attention(step, sharding):
 
 
 def _all_chunks(sharding):
-    """The global chunks of a gathered key shard, in the order they sit."""
+    """The global chunks of the gathered keys, in the order they sit."""
     return [c for d in range(sharding.devices) for c in sharding.chunks(d)]
 
 

@@ -1,0 +1,246 @@
+"""Runs context-parallel attention on simulated CPU devices and prints
+what `test_context_parallel.py` checks, as JSON.
+
+Run as `python -m tests.unit.distribution.cp_worker CHECK BATCH SEQUENCE`
+with `XLA_FLAGS=--xla_force_host_platform_device_count=8` and
+`KERAS_BACKEND=jax` (the device count is fixed when JAX starts, so the
+suite runs it in a subprocess). Every figure is the largest absolute
+difference from the same computation on one device.
+"""
+
+import json
+import sys
+
+import jax
+import keras
+import numpy as np
+
+import keras_attention
+from keras_attention._kernels import context
+from keras_attention.distribution import ContextParallel
+from keras_attention.functional import scaled_dot_product_attention
+
+B, T, N, K, H, D = 2, 32, 4, 2, 8, 16  # T: a multiple of 2 x 8 devices
+
+
+def mesh(batch, sequence):
+    devices = keras.distribution.list_devices()[: batch * sequence]
+    return keras.distribution.DeviceMesh(
+        (batch, sequence), ("batch", "sequence"), devices
+    )
+
+
+def random(shape, seed, dtype="float32"):
+    return np.random.default_rng(seed).normal(size=shape).astype(dtype)
+
+
+def segment_ids():
+    """Three packed documents in row 0 whose borders fall inside shards
+    (T / 8 = 4 rows per device), one in row 1 with padding (id 0)."""
+    ids = np.zeros((B, T), "int32")
+    ids[0, :7], ids[0, 7:22], ids[0, 22:] = 1, 2, 3
+    ids[1, :27] = 1
+    return ids
+
+
+def padding():
+    mask = np.ones((B, T), bool)
+    mask[1, 21:] = False
+    return mask
+
+
+FUNCTIONAL_CASES = {
+    "plain": {},
+    "causal": {"is_causal": True},
+    "bottom_right": {"is_causal": "bottom_right"},
+    "window": {"sliding_window": 5},
+    "window_pair": {"sliding_window": (3, 2)},
+    "segments": {"segment_ids": segment_ids()},
+    "causal_segments": {"is_causal": True, "segment_ids": segment_ids()},
+    "padding": {"mask": padding()[:, None, None, :]},
+    "alibi": {"alibi": True, "is_causal": True},
+    "soft_cap": {"logit_soft_cap": 3.0},
+}
+
+
+def largest_difference(a, b):
+    leaves = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in leaves)  # fmt: skip
+
+
+def on_both(fn, args, distribution):
+    """`fn(*args)` on one device and under `distribution`: the largest
+    difference of everything it returns, and how many attention calls
+    ran context-parallel (a fresh function each time: `jax.jit` would
+    reuse the first trace)."""
+    alone = jax.jit(lambda *a: fn(*a))(*args)
+    before = len(CALLS)
+    with distribution.scope():
+        shared = jax.jit(lambda *a: fn(*a))(*args)
+    return [largest_difference(alone, shared), len(CALLS) - before]
+
+
+CALLS = []
+_attention = context.attention
+
+
+def _counted(*args):
+    CALLS.append(args[-1].ring)
+    return _attention(*args)
+
+
+context.attention = _counted
+
+
+def with_gradients(fn, cotangent_seed=7):
+    """`(outputs, gradients of every argument)` of `Σ c · fn(*args)`."""
+
+    def loss(*args):
+        out = fn(*args)
+        return jnp_sum(out * random(out.shape, cotangent_seed)), out
+
+    def run(*args):
+        (_, out), grads = jax.value_and_grad(
+            loss, argnums=tuple(range(len(args))), has_aux=True
+        )(*args)
+        return out, grads
+
+    return run
+
+
+def jnp_sum(x):
+    return jax.numpy.sum(x)
+
+
+def functional_differences(distribution):
+    query = random((B, T, N, H), 0)
+    key, value = random((B, T, K, H), 1), random((B, T, K, H), 2)
+    found = {}
+    for exchange, limit in (("all_gather", 1 << 40), ("ring", 0)):
+        context.ALL_GATHER_MAX_BYTES = limit
+        for name, arguments in FUNCTIONAL_CASES.items():
+            fn = with_gradients(
+                lambda q, k, v, a=arguments: scaled_dot_product_attention(
+                    q, k, v, **a
+                )
+            )
+            found[f"{exchange}/{name}"] = on_both(
+                fn, (query, key, value), distribution
+            )
+        single = with_gradients(
+            lambda q, k, v: scaled_dot_product_attention(
+                q[:, :, 0], k[:, :, 0], v[:, :, 0], is_causal=True
+            )
+        )
+        found[f"{exchange}/single_head_causal"] = on_both(
+            single, (query, key, value), distribution
+        )
+    context.ALL_GATHER_MAX_BYTES = 1 << 40
+    return found
+
+
+def layer_cases():
+    """`(name, layer, call arguments)`: every layer, with the structure
+    and positions each can take."""
+    mhsa = keras_attention.MultiHeadSelfAttention
+    encoder = keras_attention.TransformerEncoderBlock
+    decoder = keras_attention.TransformerDecoderBlock
+    return [
+        ("mhsa/plain", mhsa(N, H), {}),
+        ("mhsa/causal", mhsa(N, H), {"use_causal_mask": True}),
+        ("mhsa/window", mhsa(N, H, sliding_window=5),
+         {"use_causal_mask": True}),
+        ("mhsa/segments", mhsa(N, H), {"segment_ids": segment_ids()}),
+        ("mhsa/padding", mhsa(N, H), {"padding_mask": padding()}),
+        ("mhsa/gqa_rotary", mhsa(N, H, num_key_value_heads=K,
+                                 use_rotary=True),
+         {"use_causal_mask": True}),
+        ("mhsa/alibi", mhsa(N, H, alibi=True), {"use_causal_mask": True}),
+        ("encoder/padding", encoder(N, 32, key_dim=H),
+         {"padding_mask": padding()}),
+        ("encoder/segments_rotary", encoder(N, 32, key_dim=H,
+                                            use_rotary=True),
+         {"segment_ids": segment_ids()}),
+        ("decoder/causal_gqa", decoder(N, 32, key_dim=H,
+                                       num_key_value_heads=K),
+         {"padding_mask": padding()}),
+        ("decoder/cross_window", decoder(N, 32, key_dim=H,
+                                         sliding_window=6),
+         {"encoder_outputs": random((B, T, D), 5),
+          "encoder_padding_mask": padding()}),
+    ]  # fmt: skip
+
+
+def layer_differences(distribution):
+    """Outputs and the gradients of the inputs and of every trainable
+    weight, with the attention on one device and under `distribution`."""
+    found = {}
+    inputs = random((B, T, D), 3)
+    for name, layer, arguments in layer_cases():
+        keras.utils.set_random_seed(0)
+        layer.build(inputs.shape) if "encoder_outputs" not in arguments else (
+            layer(inputs, **arguments))  # fmt: skip
+        trainable = [v.value for v in layer.trainable_variables]
+        fixed = [v.value for v in layer.non_trainable_variables]
+        floats = {k: v for k, v in arguments.items()
+                  if k == "encoder_outputs"}  # fmt: skip
+        rest = {k: v for k, v in arguments.items() if k not in floats}
+
+        def call(x, weights, extra, layer=layer, rest=rest, fixed=fixed):
+            out, _ = layer.stateless_call(weights, fixed, x, **extra, **rest)
+            return out
+
+        found[name] = on_both(
+            with_gradients(call), (inputs, trainable, floats), distribution
+        )
+    return found
+
+
+def refusal(distribution):
+    """The error for a length that the sequence axis does not divide."""
+    query = random((B, 20, N, H), 0)
+    with distribution.scope():
+        try:
+            scaled_dot_product_attention(query, query, query)
+        except ValueError as error:
+            return str(error)
+    return None
+
+
+def balance():
+    """Visited chunk pairs per device for causal attention, zig-zag and
+    contiguous, on 8 devices, from the plan."""
+    from keras_attention._core import Structure
+
+    structure = Structure.from_args(
+        where="balance", query_length=8192, key_length=8192, is_causal=True
+    )
+    distribution = ContextParallel(mesh(1, 8))
+    found = {}
+    for zigzag in (True, False):
+        sharding = context.Sharding(
+            distribution.device_mesh.backend_mesh, "batch", "sequence",
+            zigzag, True,
+        )  # fmt: skip
+        counts = context.visited_chunks(sharding, structure, 8192, 8192)
+        found["zigzag" if zigzag else "contiguous"] = counts.tolist()
+    return found
+
+
+def main():
+    check, batch, sequence = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    distribution = ContextParallel(mesh(batch, sequence))
+    if check == "functional":
+        result = functional_differences(distribution)
+    elif check == "layers":
+        result = layer_differences(distribution)
+    elif check == "refusal":
+        result = refusal(distribution)
+    elif check == "balance":
+        result = balance()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
