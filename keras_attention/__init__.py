@@ -16,6 +16,7 @@ import importlib as _importlib
 
 from keras_attention import convert as convert
 from keras_attention import decoding as decoding
+from keras_attention import distribution as distribution
 from keras_attention import functional as functional
 from keras_attention import mods as mods
 from keras_attention.layers import AttentionDecoder as AttentionDecoder
@@ -61,6 +62,7 @@ __all__ = [
     "convert",
     "datasets",
     "decoding",
+    "distribution",
     "functional",
     "mods",
     "visualization",

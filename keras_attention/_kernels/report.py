@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention import distribution as context_parallel
 from keras_attention._core.mods import Chained
 from keras_attention._core.mods import Positioned
 from keras_attention._kernels import dispatch
@@ -22,6 +23,7 @@ _PATH_NAMES = {
     "fused": "fused kernel",
     "chunked": "blockwise (chunked) path",
     "reference": "reference path",
+    "context_parallel": "context-parallel attention",
 }
 
 
@@ -58,6 +60,13 @@ class Explanation:
 def explain_call(query, key, value, mask, structure, weights, reason=None):
     """The `Explanation` of one call; `reason`, if given, is why the
     weights are needed (it replaces the generic one)."""
+    distribution = context_parallel.active()
+    if distribution is not None:
+        from keras_attention._kernels import context
+
+        why = context.refusal(structure, weights)
+        if why is None:
+            return _context_parallel(query, key, value, structure, distribution)
     path, refused = dispatch.choose(
         query, key, value, weights=weights, structure=structure
     )
@@ -67,7 +76,27 @@ def explain_call(query, key, value, mask, structure, weights, reason=None):
     if structure.mask_mod is not None or structure.score_mod is not None:
         mods = _mods(path, query, key, structure)
         lowering = f"{lowering}; {mods}" if lowering else mods
+    if distribution is not None:
+        refused = {"context_parallel": why, **refused}
     return Explanation(path, refused, lowering, keras.backend.backend())
+
+
+def _context_parallel(query, key, value, structure, distribution):
+    """The `Explanation` of a call under `ContextParallel`."""
+    from keras_attention._kernels import context
+
+    sharding, reasons = context.plan(query, key, value, structure, distribution)
+    visited = context.visited_chunks(
+        sharding, structure, query.shape[1], key.shape[1]
+    )
+    lowering = (
+        f"{sharding.devices} devices along '{sharding.sequence_axis}'; "
+        f"{reasons['exchange']}; {reasons['order']}; chunk pairs visited "
+        f"per device: {', '.join(map(str, visited))} of "
+        f"{4 * sharding.devices} (band, segment ids and masks at global "
+        "positions)"
+    )
+    return Explanation("context_parallel", {}, lowering, "jax")
 
 
 def _mods(path, query, key, structure):

@@ -79,6 +79,7 @@ SUBMODULES = [
     "convert",
     "datasets",
     "decoding",
+    "distribution",
     "functional",
     "mods",
     "visualization",

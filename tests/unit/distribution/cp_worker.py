@@ -197,6 +197,62 @@ def layer_differences(distribution):
     return found
 
 
+def fit_differences(distribution):
+    """A small decoder-only model fitted for three steps on one device
+    and under `distribution`: the largest difference of the losses and
+    of the weights after."""
+    vocabulary = 11
+    tokens = np.random.default_rng(4).integers(0, vocabulary, (12, T + 1))
+
+    def fitted():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((T,), dtype="int32")
+        x = keras.layers.Embedding(vocabulary, D)(inputs)
+        x = keras_attention.TransformerDecoderBlock(
+            N, 32, key_dim=H, num_key_value_heads=K, use_rotary=True
+        )(x)
+        model = keras.Model(inputs, keras.layers.Dense(vocabulary)(x))
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        history = model.fit(
+            tokens[:, :-1], tokens[:, 1:], batch_size=4, epochs=2,
+            shuffle=False, verbose=0,
+        )  # fmt: skip
+        weights = [np.asarray(w) for w in model.get_weights()]
+        return history.history["loss"], weights
+
+    alone = fitted()
+    before = len(CALLS)
+    with distribution.scope():
+        shared = fitted()
+    return [largest_difference(alone, shared), len(CALLS) - before]
+
+
+def memory(length=8192, heads=4, depth=32):
+    """Per device, the bytes of a compiled training step of causal
+    attention alone (forward and backward, B=1): `{P: [temporaries,
+    arguments and outputs]}` for the ring on P = 1, 2, 4, 8 devices."""
+    query = jax.ShapeDtypeStruct((1, length, heads, depth), "float32")
+    fn = with_gradients(
+        lambda q, k, v: scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
+    context.ALL_GATHER_MAX_BYTES = 0
+    found = {}
+    for devices in (1, 2, 4, 8):
+        with ContextParallel(mesh(1, devices)).scope():
+            compiled = jax.jit(lambda *a: fn(*a)).lower(
+                query, query, query
+            ).compile()
+        analysis = compiled.memory_analysis()
+        found[devices] = [
+            analysis.temp_size_in_bytes,
+            analysis.argument_size_in_bytes + analysis.output_size_in_bytes,
+        ]
+    return found
+
+
 def refusal(distribution):
     """The error for a length that the sequence axis does not divide."""
     query = random((B, 20, N, H), 0)
@@ -235,6 +291,10 @@ def main():
         result = functional_differences(distribution)
     elif check == "layers":
         result = layer_differences(distribution)
+    elif check == "fit":
+        result = fit_differences(distribution)
+    elif check == "memory":
+        result = memory()
     elif check == "refusal":
         result = refusal(distribution)
     elif check == "balance":
