@@ -135,7 +135,8 @@ def paths_section():
         "the reference's per block pair it visits, the factor the "
         "dispatch's cost model uses; *matmul efficiency* is the time the "
         "same block-shaped matmuls take alone in the same process over "
-        "the blockwise kernel's time.",
+        "the blockwise kernel's time. *auto path* is the path "
+        "`explain()` names; `chunked` is the blockwise path.",
         "",
         "| backend | T | causal | reference | blockwise | auto | auto path "
         "| cost | matmul efficiency |",
@@ -403,7 +404,8 @@ def mods_section():
         "pattern as `attention_mask` `(B, T, T)`; *keras MHA*: "
         "`keras.layers.MultiHeadAttention` with that mask. *visited* is "
         "the fraction of block pairs the blockwise path computes; *path* "
-        "the one `explain()` names for the mod.",
+        "the one `explain()` names for the mod (`chunked`: the blockwise "
+        "path).",
         "",
         "| backend | pattern | visited | path | mod (ms) | dense (ms) "
         "| keras MHA (ms) | speed-up over dense | over keras MHA |",

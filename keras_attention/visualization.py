@@ -3,7 +3,11 @@
 Needs the `[viz]` extra (matplotlib).
 """
 
+import math
+
 import numpy as np
+
+_MIN_POINTS = 6.0
 
 
 def plot_attention(
@@ -15,6 +19,9 @@ def plot_attention(
     diagonal means monotonic alignment, off-diagonal blocks show the
     reordering a translation needed. Attention weights show where a model
     looked, which is not always why it decided (Jain and Wallace, 2019).
+    Labels take the size their cells allow (6 to 10 points); where cells
+    are smaller, as on long character-level pairs, every k-th token is
+    labelled.
 
     Args:
         weights (ArrayLike): Shape `(T, S)` (a backend tensor or NumPy
@@ -71,26 +78,40 @@ def plot_attention(
         figure, ax = plt.subplots(
             figsize=(max(3.0, cell * cols + 1.5), max(2.5, cell * rows + 1.2))
         )
+        cell_x = cell_y = cell
     else:
         figure = ax.figure
         box = ax.get_position()  # in figure fractions
         width, height = figure.get_size_inches()
-        cell = min(box.width * width / cols, box.height * height / rows)
-    # Labels as large as their cells allow: 10 points at most, 5 at least.
-    label_size = min(10.0, max(5.0, 0.75 * 72 * cell))
+        cell_x, cell_y = box.width * width / cols, box.height * height / rows
     image = ax.imshow(weights, cmap="viridis", vmin=0.0, aspect="auto")
     figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     if source_tokens is not None:
-        ax.set_xticks(range(cols), source_tokens, rotation=60, ha="right",
-                      fontsize=label_size)  # fmt: skip
+        _label_ticks(ax.set_xticks, source_tokens, cell_x, rotation=60,
+                     ha="right")  # fmt: skip
     if target_tokens is not None:
-        ax.set_yticks(range(rows), target_tokens, fontsize=label_size)
+        _label_ticks(ax.set_yticks, target_tokens, cell_y)
     ax.set_xlabel("source")
     ax.set_ylabel("target")
     if title:
         ax.set_title(title)
     figure.tight_layout()
     return figure
+
+
+def _label_ticks(set_ticks, tokens, cell, **kwargs):
+    """Labels as large as their cells allow, 10 points at most. Where a
+    cell is too small for a 6-point label (long character-level pairs),
+    every k-th token is labelled, so that labels never overlap."""
+    points = 0.75 * 72 * cell  # the label size that fills one cell
+    step = max(1, math.ceil(_MIN_POINTS / points))
+    shown = range(0, len(tokens), step)
+    set_ticks(
+        shown,
+        [tokens[i] for i in shown],
+        fontsize=min(10.0, points * step),
+        **kwargs,
+    )
 
 
 def _to_numpy(weights):

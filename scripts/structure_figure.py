@@ -3,7 +3,7 @@
     python scripts/structure_figure.py  # writes docs/assets/concepts/
 
 Each panel is `functional.structure_mask` for one set of arguments
-(dark = may attend).
+(dark = may attend, as the legend says).
 """
 
 import pathlib
@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from keras_attention import functional  # noqa: E402
 
@@ -31,12 +32,16 @@ PANELS = [
 ]  # fmt: skip
 
 
+ATTEND, BLOCKED = plt.get_cmap("Blues")(1.0), plt.get_cmap("Blues")(0.0)
+
+
 def main():
-    figure, axes = plt.subplots(2, 3, figsize=(10.5, 7.2))
+    # Constrained layout keeps each row's "key j" clear of the titles below.
+    figure, axes = plt.subplots(2, 3, figsize=(10.5, 8.0), layout="constrained")
     for ax, (title, arguments, t, s) in zip(axes.flat, PANELS, strict=True):
         mask = functional.structure_mask(t, s, **arguments)[0]
         mask = keras.ops.convert_to_numpy(mask).astype("float32")
-        ax.imshow(mask, cmap="Blues", vmin=-0.15, vmax=1.0)
+        ax.imshow(mask, cmap="Blues", vmin=0.0, vmax=1.0)
         ax.set_xticks(range(s))
         ax.set_yticks(range(t))
         ax.set_xticks([x - 0.5 for x in range(s + 1)], minor=True)
@@ -46,7 +51,17 @@ def main():
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("key j")
         ax.set_ylabel("query i")
-    figure.tight_layout()
+    figure.get_layout_engine().set(h_pad=0.15)
+    figure.legend(
+        handles=[
+            Patch(facecolor=ATTEND, edgecolor="grey", label="may attend"),
+            Patch(facecolor=BLOCKED, edgecolor="grey", label="masked out"),
+        ],
+        loc="outside upper center",
+        ncols=2,
+        fontsize=10,
+        frameon=False,
+    )
     out = pathlib.Path(__file__).parents[1] / "docs/assets/concepts"
     out.mkdir(parents=True, exist_ok=True)
     figure.savefig(out / "structure_masks.png", dpi=90)

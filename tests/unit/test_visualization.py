@@ -26,23 +26,27 @@ def test_plot_attention_writes_a_png(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "rows, cols, size, label_points",
+    "rows, cols, size, label_points, steps",
     [
         # Short: 0.45-inch cells (the figure's floor), 10-point labels.
-        (2, 3, (3.0, 2.5), 10.0),
+        (2, 3, (3.0, 2.5), 10.0, (1, 1)),
         # Width-bound: 8.5 / 45 inches a cell, labels still 10 points.
-        (58, 45, (10.0, 58 * 8.5 / 45 + 1.2), 10.0),
-        # 8.5 / 80 inches a cell: labels of 0.75 of a cell's 72 x 0.106 pt.
-        (90, 80, (10.0, 90 * 8.5 / 80 + 1.2), 0.75 * 72 * 8.5 / 80),
-        # Height-bound: 12 / 300 inches a cell; labels at their 5-point floor.
-        (300, 200, (200 * 0.04 + 1.5, 13.2), 5.0),
+        (58, 45, (10.0, 58 * 8.5 / 45 + 1.2), 10.0, (1, 1)),
+        # 8.5 / 60 inches a cell: labels of 0.75 of a cell's 72 x 0.142 pt.
+        (70, 60, (10.0, 70 * 8.5 / 60 + 1.2), 0.75 * 72 * 8.5 / 60, (1, 1)),
+        # 8.5 / 80 inches: one cell holds 5.7 points, so every 2nd token
+        # is labelled, across two cells (11.5 points, capped at 10).
+        (90, 80, (10.0, 90 * 8.5 / 80 + 1.2), 10.0, (2, 2)),
+        # Height-bound: 12 / 300 inches (2.2 points) a cell; every 3rd.
+        (300, 200, (200 * 0.04 + 1.5, 13.2), 3 * 0.75 * 72 * 0.04, (3, 3)),
     ],
 )
 def test_long_alignments_fit_a_page_with_readable_labels(
-    rows, cols, size, label_points
+    rows, cols, size, label_points, steps
 ):
-    """Cells shrink so that a long pair fits about 10 x 13 inches; the
-    labels shrink with them, never under 5 points."""
+    """Cells shrink so that a long pair fits about 10 x 13 inches; labels
+    shrink with them down to 6 points, below which every k-th token is
+    labelled, at the size of its k cells."""
     import matplotlib.pyplot as plt
 
     weights = np.full((rows, cols), 1.0 / cols)
@@ -51,8 +55,14 @@ def test_long_alignments_fit_a_page_with_readable_labels(
     )
     np.testing.assert_allclose(figure.get_size_inches(), size)
     axes = figure.axes[0]
+    x_step, y_step = steps
+    assert [t.get_text() for t in axes.get_xticklabels()] == [
+        f"s{j}" for j in range(0, cols, x_step)
+    ]
+    assert list(axes.get_yticks()) == list(range(0, rows, y_step))
     for label in (*axes.get_xticklabels(), *axes.get_yticklabels()):
         assert label.get_fontsize() == pytest.approx(label_points)
+        assert label.get_fontsize() >= 6.0
     plt.close(figure)
 
 
