@@ -328,7 +328,9 @@ def plot(table, length, path):
 
 def plot_heatmap(pair, greedy, weights, title, path):
     """The `(T + 1, S)` teacher-forced attention map of one pair, with the
-    reference alignment drawn over it."""
+    reference alignment drawn over it; the target axis is labelled with
+    the digit names (one tick at each name's first letter), so that a
+    map of 150 letters stays legible at about 700 x 800 pixels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -338,14 +340,22 @@ def plot_heatmap(pair, greedy, weights, title, path):
 
     rows = len(pair.target) + 1  # with <end>
     exact = greedy == "".join(pair.target)
-    figure = plot_attention(
+    figure, ax = plt.subplots(figsize=(6.5, 7.5))
+    plot_attention(
         weights[:rows, : len(pair.source)],
         list(pair.source),
         [*pair.target, "<end>"],
+        ax=ax,
         title=f"{title}\n{len(pair.source)} digits, teacher-forced; "
         f"greedy decode {'exact' if exact else 'wrong'}",
     )
-    figure.axes[0].plot(
+    words = "".join(pair.target).split(" ")
+    starts = [0]
+    for word in words[:-1]:
+        starts.append(starts[-1] + len(word) + 1)
+    ax.set_yticks([*starts, rows - 1], [*words, "<end>"], fontsize=7)
+    ax.set_ylabel("target (a tick at each name's first letter)")
+    ax.plot(
         pair.alignment,
         range(len(pair.alignment)),
         "o",
@@ -355,7 +365,7 @@ def plot_heatmap(pair, greedy, weights, title, path):
         mew=0.6,
         label="reference",
     )
-    figure.axes[0].legend(loc="upper right", fontsize=7)
+    ax.legend(loc="upper right", fontsize=7)
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
