@@ -47,8 +47,7 @@ def layers_section():
         rows = {(r["name"], r["T"]): r for r in data["rows"]}
         lengths = sorted({r["T"] for r in data["rows"]})
         lines += [
-            f"### {backend} (matmul {data['matmul_gflops']:.0f} GFLOP/s, "
-            f"load {data['load_average']:.1f})",
+            f"### {backend} (matmul {data['matmul_gflops']:.0f} GFLOP/s)",
             "",
             "| T | ours train | keras MHA train | speed-up | ours forward "
             "| keras MHA forward | speed-up | ours % matmul (train) |",
