@@ -54,6 +54,9 @@ from keras_attention._core.builtins import segments_visible
 # chosen while they take at most this many bytes per device (float32),
 # the ring beyond.
 ALL_GATHER_MAX_BYTES = 64 << 20
+# Rows of the query and key blocks a chunk pair is computed in, as in the
+# blockwise kernel: a device holds `O(BLOCK^2)` logits at a time.
+BLOCK = 512
 
 
 class Sharding:
@@ -151,17 +154,25 @@ def visited_chunks(sharding, structure, query_length, key_length):
 def _reached(structure, q, k, query_chunk, key_chunk, xp=jnp):
     """Whether the band shows any key of chunk `k` to any query of chunk
     `q` (always, without a band)."""
+    return _reached_at(
+        structure, q * query_chunk, k * key_chunk, query_chunk, key_chunk, xp
+    )
+
+
+def _reached_at(structure, first_query, first_key, queries, keys, xp=jnp):
+    """Whether the band shows any of `keys` keys from `first_key` to any
+    of `queries` queries from `first_query` (positions in the sequence)."""
     band = structure.band
     if band is None:
         return True
-    first = q * query_chunk + band.offset  # the first query's position
-    last = first + query_chunk - 1
-    low, high = k * key_chunk, (k + 1) * key_chunk - 1
+    first = first_query + band.offset  # the first query's position
+    last = first + queries - 1
     reached = True
     if band.right is not None:
-        reached = xp.logical_and(reached, low <= last + band.right)
+        reached = xp.logical_and(reached, first_key <= last + band.right)
     if band.left is not None:
-        reached = xp.logical_and(reached, high >= first - band.left)
+        last_key = first_key + keys - 1
+        reached = xp.logical_and(reached, last_key >= first - band.left)
     return reached
 
 
@@ -377,7 +388,7 @@ def _ring_attention(step, sharding):
                 o, m = lax.cond(
                     reached,
                     lambda o, m, q, k, v, qp=q_pos, kp=k_pos, r=q_row:
-                        _merge(step, tensors, o, m, q, k, v, qp, kp, r),
+                        _merge_chunk(step, tensors, o, m, q, k, v, qp, kp, r),
                     lambda o, m, *_: (o, m),
                     *parts,
                 )  # fmt: skip
@@ -425,7 +436,7 @@ def _ring_attention(step, sharding):
                 dq, dk, dv = lax.cond(
                     reached,
                     lambda *p, qp=q_pos, kp=k_pos, r=q_row:
-                        _block_grads(step, tensors, *p, qp, kp, r),
+                        _chunk_grads(step, tensors, *p, qp, kp, r),
                     lambda q, k, v, *_: tuple(
                         jnp.zeros(x.shape, "float32") for x in (q, k, v)),
                     *parts,
@@ -481,9 +492,104 @@ def _masked_logits(step, tensors, query, key, query_pos, key_pos, query_rows):
     return logits
 
 
+def _block(rows):
+    """Rows per block inside a chunk: the chunk whole up to `BLOCK`,
+    else the largest divisor of its rows up to `BLOCK`."""
+    if rows <= BLOCK:
+        return rows
+    return next(c for c in range(BLOCK, 0, -1) if rows % c == 0)
+
+
+def _blocks(step, query_rows, key_rows, q_pos, k_pos, row):
+    """The block pairs of one chunk pair: `(query blocks, key blocks,
+    block rows, block keys, visit)` where `visit(i, j, fn, skip)` runs
+    `fn(q_slice, k_slice, q_pos, k_pos, row)` on block pair `(i, j)` if
+    the band reaches it, else `skip()`; slices are `(start, size)`."""
+    size_q, size_k = _block(query_rows), _block(key_rows)
+
+    def visit(i, j, fn, skip, *operands):
+        q_start, k_start = i * size_q, j * size_k
+        positions = (
+            lax.dynamic_slice_in_dim(q_pos, q_start, size_q),
+            lax.dynamic_slice_in_dim(k_pos, k_start, size_k),
+        )
+        reached = _reached_at(
+            step.structure, positions[0][0], positions[1][0], size_q, size_k
+        )
+        return lax.cond(
+            reached,
+            lambda *ops: fn(q_start, k_start, *positions, row + q_start, *ops),
+            lambda *ops: skip(*ops),
+            *operands,
+        )
+
+    return query_rows // size_q, key_rows // size_k, size_q, size_k, visit
+
+
+def _merge_chunk(step, tensors, output, lse, query, key, value, q_pos,
+                 k_pos, row):  # fmt: skip
+    """`_merge` of one chunk pair, block by block: `(output (b, R, N, V),
+    lse (b, N, R))`."""
+    count_q, count_k, size_q, size_k, visit = _blocks(
+        step, query.shape[1], key.shape[1], q_pos, k_pos, row
+    )
+
+    def merge(q_start, k_start, qp, kp, r, o, m):
+        q = lax.dynamic_slice_in_dim(query, q_start, size_q, 1)
+        k = lax.dynamic_slice_in_dim(key, k_start, size_k, 1)
+        v = lax.dynamic_slice_in_dim(value, k_start, size_k, 1)
+        return _merge(step, tensors, o, m, q, k, v, qp, kp, r)
+
+    def rows(i, carry):
+        output, lse = carry
+        o = lax.dynamic_slice_in_dim(output, i * size_q, size_q, 1)
+        m = lax.dynamic_slice_in_dim(lse, i * size_q, size_q, 2)
+        o, m = lax.fori_loop(
+            0,
+            count_k,
+            lambda j, om: visit(i, j, merge, lambda o, m: (o, m), *om),
+            (o, m),
+        )
+        output = lax.dynamic_update_slice_in_dim(output, o, i * size_q, 1)
+        return output, lax.dynamic_update_slice_in_dim(lse, m, i * size_q, 2)
+
+    return lax.fori_loop(0, count_q, rows, (output, lse))
+
+
+def _chunk_grads(step, tensors, query, key, value, grad, lse, delta, q_pos,
+                 k_pos, row):  # fmt: skip
+    """`_block_grads` of one chunk pair, block by block."""
+    count_q, count_k, size_q, size_k, visit = _blocks(
+        step, query.shape[1], key.shape[1], q_pos, k_pos, row
+    )
+
+    def grads(q_start, k_start, qp, kp, r, dq, dk, dv):
+        parts = (
+            lax.dynamic_slice_in_dim(query, q_start, size_q, 1),
+            lax.dynamic_slice_in_dim(key, k_start, size_k, 1),
+            lax.dynamic_slice_in_dim(value, k_start, size_k, 1),
+            lax.dynamic_slice_in_dim(grad, q_start, size_q, 1),
+            lax.dynamic_slice_in_dim(lse, q_start, size_q, 2),
+            lax.dynamic_slice_in_dim(delta, q_start, size_q, 2),
+        )
+        block = _block_grads(step, tensors, *parts, qp, kp, r)
+        return (
+            _add_rows(dq, block[0], q_start, 1),
+            _add_rows(dk, block[1], k_start, 1),
+            _add_rows(dv, block[2], k_start, 1),
+        )
+
+    def pair(index, carry):
+        i, j = index // count_k, index % count_k
+        return visit(i, j, grads, lambda *g: g, *carry)
+
+    zeros = tuple(jnp.zeros(x.shape, "float32") for x in (query, key, value))
+    return lax.fori_loop(0, count_q * count_k, pair, zeros)
+
+
 def _merge(step, tensors, output, lse, query, key, value, q_pos, k_pos, rows):
     """The running `(output (b, R, N, V), lse (b, N, R))` with one more
-    key chunk merged in."""
+    key block merged in."""
     logits = _masked_logits(step, tensors, query, key, q_pos, k_pos, rows)
     block_lse = jax.nn.logsumexp(logits, axis=-1)  # (b, N, R), -inf if empty
     new_lse = jnp.logaddexp(lse, block_lse)
@@ -507,7 +613,7 @@ def _attend(weights, value):
 
 def _block_grads(step, tensors, query, key, value, grad, lse, delta, q_pos,
                  k_pos, rows):  # fmt: skip
-    """The gradients of one chunk pair: `(dq, dk, dv)` in float32, from
+    """The gradients of one block pair: `(dq, dk, dv)` in float32, from
     the final log-sum-exp (FlashAttention-2's backward pass)."""
     logits, pullback = jax.vjp(
         lambda q, k: _masked_logits(step, tensors, q, k, q_pos, k_pos, rows),

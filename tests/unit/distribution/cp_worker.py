@@ -113,13 +113,18 @@ def jnp_sum(x):
     return jax.numpy.sum(x)
 
 
-def functional_differences(distribution):
+def functional_differences(distribution, exchanges):
+    """Every structure on each exchange of `exchanges` (`(name, block
+    rows)`: "all_gather" or "ring", and the rows of the blocks inside a
+    chunk pair), with the gradients of the query, key and value."""
     query = random((B, T, N, H), 0)
     key, value = random((B, T, K, H), 1), random((B, T, K, H), 2)
+    cases = dict(FUNCTIONAL_CASES)
     found = {}
-    for exchange, limit in (("all_gather", 1 << 40), ("ring", 0)):
-        context.ALL_GATHER_MAX_BYTES = limit
-        for name, arguments in FUNCTIONAL_CASES.items():
+    for exchange, block in exchanges:
+        context.ALL_GATHER_MAX_BYTES = 1 << 40 if exchange == "all_gather" else 0
+        context.BLOCK = block
+        for name, arguments in cases.items():
             fn = with_gradients(
                 lambda q, k, v, a=arguments: scaled_dot_product_attention(
                     q, k, v, **a
@@ -136,8 +141,11 @@ def functional_differences(distribution):
         found[f"{exchange}/single_head_causal"] = on_both(
             single, (query, key, value), distribution
         )
-    context.ALL_GATHER_MAX_BYTES = 1 << 40
+    context.ALL_GATHER_MAX_BYTES, context.BLOCK = EXCHANGE_DEFAULTS
     return found
+
+
+EXCHANGE_DEFAULTS = context.ALL_GATHER_MAX_BYTES, context.BLOCK
 
 
 def layer_cases():
@@ -172,9 +180,11 @@ def layer_cases():
     ]  # fmt: skip
 
 
-def layer_differences(distribution):
+def layer_differences(distribution, exchange):
     """Outputs and the gradients of the inputs and of every trainable
-    weight, with the attention on one device and under `distribution`."""
+    weight, with the attention on one device and under `distribution`,
+    keys and values exchanged by `exchange`."""
+    context.ALL_GATHER_MAX_BYTES = 1 << 40 if exchange == "all_gather" else 0
     found = {}
     inputs = random((B, T, D), 3)
     for name, layer, arguments in layer_cases():
@@ -194,6 +204,7 @@ def layer_differences(distribution):
         found[name] = on_both(
             with_gradients(call), (inputs, trainable, floats), distribution
         )
+    context.ALL_GATHER_MAX_BYTES = EXCHANGE_DEFAULTS[0]
     return found
 
 
@@ -230,7 +241,7 @@ def fit_differences(distribution):
     return [largest_difference(alone, shared), len(CALLS) - before]
 
 
-def memory(length=8192, heads=4, depth=32):
+def memory(length=65536, heads=4, depth=32):
     """Per device, the bytes of a compiled training step of causal
     attention alone (forward and backward, B=1): `{P: [temporaries,
     arguments and outputs]}` for the ring on P = 1, 2, 4, 8 devices."""
@@ -284,22 +295,31 @@ def balance():
     return found
 
 
+MESHES = {
+    # (batch, sequence): the checks run on that mesh.
+    (1, 8): {
+        "functional": lambda d: functional_differences(
+            d, [("all_gather", EXCHANGE_DEFAULTS[1]),
+                ("ring", EXCHANGE_DEFAULTS[1])]),
+        "layers": lambda d: layer_differences(d, "ring"),
+        "refusal": refusal,
+        "balance": lambda d: balance(),
+        "memory": lambda d: memory(),
+    },
+    (2, 4): {
+        # Blocks of 2 rows inside the chunks of 4: the nested loops.
+        "functional": lambda d: functional_differences(d, [("ring", 2)]),
+        "layers": lambda d: layer_differences(d, "all_gather"),
+        "fit": fit_differences,
+    },
+}  # fmt: skip
+
+
 def main():
-    check, batch, sequence = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    batch, sequence = int(sys.argv[1]), int(sys.argv[2])
     distribution = ContextParallel(mesh(batch, sequence))
-    if check == "functional":
-        result = functional_differences(distribution)
-    elif check == "layers":
-        result = layer_differences(distribution)
-    elif check == "fit":
-        result = fit_differences(distribution)
-    elif check == "memory":
-        result = memory()
-    elif check == "refusal":
-        result = refusal(distribution)
-    elif check == "balance":
-        result = balance()
-    print(json.dumps(result))
+    checks = MESHES[batch, sequence]
+    print(json.dumps({name: run(distribution) for name, run in checks.items()}))
 
 
 if __name__ == "__main__":
