@@ -1,5 +1,6 @@
 """The example scripts run end to end (tiny `--smoke` sizes)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,17 @@ def test_packed_documents_smoke():
     # The mod is built-in: it runs as `is_causal=True` with segment ids.
     structure = next(x for x in out.splitlines() if x.startswith("attention"))
     assert "band" in structure and "segment id" in structure, structure
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="ContextParallel is JAX's"
+)
+def test_long_context_smoke():
+    """The mini GPT under ContextParallel on 8 simulated devices: the
+    one-device losses, less memory per device."""
+    out = run_example("long_context.py", "--smoke")
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["loss_difference"] < 1e-4
+    assert summary["memory_ratio"] < 0.5
+    assert "path: context_parallel" in out

@@ -154,6 +154,7 @@ def layer_cases():
     mhsa = keras_attention.MultiHeadSelfAttention
     encoder = keras_attention.TransformerEncoderBlock
     decoder = keras_attention.TransformerDecoderBlock
+    cross = keras_attention.CrossAttention
     return [
         ("mhsa/plain", mhsa(N, H), {}),
         ("mhsa/causal", mhsa(N, H), {"use_causal_mask": True}),
@@ -177,6 +178,8 @@ def layer_cases():
                                          sliding_window=6),
          {"encoder_outputs": random((B, T, D), 5),
           "encoder_padding_mask": padding()}),
+        ("cross/padding_gqa", cross(N, H, num_key_value_heads=K),
+         {"value": random((B, T, D), 6), "value_mask": padding()}),
     ]  # fmt: skip
 
 
@@ -189,12 +192,11 @@ def layer_differences(distribution, exchange):
     inputs = random((B, T, D), 3)
     for name, layer, arguments in layer_cases():
         keras.utils.set_random_seed(0)
-        layer.build(inputs.shape) if "encoder_outputs" not in arguments else (
-            layer(inputs, **arguments))  # fmt: skip
+        layer(inputs, **arguments)  # builds it
         trainable = [v.value for v in layer.trainable_variables]
         fixed = [v.value for v in layer.non_trainable_variables]
         floats = {k: v for k, v in arguments.items()
-                  if k == "encoder_outputs"}  # fmt: skip
+                  if k in ("encoder_outputs", "value")}  # fmt: skip
         rest = {k: v for k, v in arguments.items() if k not in floats}
 
         def call(x, weights, extra, layer=layer, rest=rest, fixed=fixed):

@@ -83,6 +83,7 @@ def test_layers_match_one_device(results, mesh):
         "mhsa",
         "encoder",
         "decoder",
+        "cross",
     }
 
 
