@@ -359,8 +359,8 @@ class LoraMixin:
         self,
         rank: int,
         lora_alpha: float | None = None,
-        a_initializer="he_uniform",
-        b_initializer="zeros",
+        a_initializer: str | keras.initializers.Initializer = "he_uniform",
+        b_initializer: str | keras.initializers.Initializer = "zeros",
         targets: str | list[str] | tuple[str, ...] | None = None,
     ) -> None:
         """Adds LoRA adapters to projections and freezes everything else.
@@ -393,12 +393,12 @@ class LoraMixin:
         plain torch loop, enable LoRA before making the model.
 
         Args:
-            rank: int. The rank $r$ of the update.
-            lora_alpha: float. The scale $\\alpha$. Defaults to `rank`.
+            rank: The rank $r$ of the update.
+            lora_alpha: The scale $\\alpha$. Defaults to `rank`.
             a_initializer: Initializer of $A$. Defaults to `"he_uniform"`.
             b_initializer: Initializer of $B$. Defaults to `"zeros"`, so
                 the layer starts from the frozen kernel's outputs.
-            targets: str or list of str. The projections to adapt.
+            targets: The projection name, or names, to adapt.
                 Defaults to `("query_dense", "value_dense")` in the
                 multi-head layers and blocks (as in the paper and
                 keras-hub's `Backbone.enable_lora`), to every projection
@@ -440,7 +440,7 @@ class LoraMixin:
         merged kernels.
 
         Args:
-            filepath: str. Where to write.
+            filepath: Where to write.
         """
         save_lora_weights(self, filepath)
 
@@ -451,6 +451,6 @@ class LoraMixin:
         with; a different set of adapters or shape raises a `ValueError`.
 
         Args:
-            filepath: str. A file written by `save_lora_weights`.
+            filepath: A file written by `save_lora_weights`.
         """
         load_lora_weights(self, filepath)

@@ -25,6 +25,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
     \\quad Z_2 = \\operatorname{LN}(Z_1 + \\operatorname{MultiHead}(Z_1,
     X_{enc})), \\quad O = \\operatorname{LN}(Z_2 + \\operatorname{FFN}(Z_2))$$
 
+    and with pre-LN each sublayer normalises its input instead:
+
+    $$Z_1 = Y + \\operatorname{MaskedMultiHead}(\\operatorname{LN}(Y)),
+    \\quad Z_2 = Z_1 + \\operatorname{MultiHead}(\\operatorname{LN}(Z_1),
+    X_{enc}), \\quad O = Z_2 + \\operatorname{FFN}(\\operatorname{LN}(Z_2))$$
+
     Called without `encoder_outputs` on its first call, the block has no
     cross-attention: a decoder-only (GPT-style) block.
 

@@ -18,10 +18,15 @@ class TransformerEncoderBlock(TransformerBlockBase):
     $$Z = \\operatorname{LN}(X + \\operatorname{MultiHead}(X, X, X)),
     \\quad Y = \\operatorname{LN}(Z + \\operatorname{FFN}(Z))$$
 
-    and with `normalize_first=True` (pre-LN, more stable for deep stacks)
-    `Z = X + MultiHead(LN(X))`, `Y = Z + FFN(LN(Z))`, where
-    `FFN(z) = W_2 act(W_1 z + b_1) + b_2`. Dropout acts on the attention
-    weights and on both residual branches.
+    and with `normalize_first=True` (pre-LN, more stable for deep stacks;
+    Xiong et al. 2020)
+
+    $$Z = X + \\operatorname{MultiHead}(\\operatorname{LN}(X)), \\quad
+    Y = Z + \\operatorname{FFN}(\\operatorname{LN}(Z))$$
+
+    where $\\operatorname{FFN}(z) = W_2\\,\\operatorname{act}(W_1 z + b_1)
+    + b_2$. Dropout acts on the attention weights and on both residual
+    branches.
 
     Args:
         num_heads (int): Number of attention heads N.

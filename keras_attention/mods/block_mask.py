@@ -19,11 +19,14 @@ class BlockMask(BlockTable):
 
     Attributes:
         mask_mod: The mask mod.
-        batch_size, num_heads, query_length, key_length: int. The grid it
-            was evaluated on.
-        block_size: int. Query and key rows per block.
-        blocks: int32 tensor `(ceil(T / block_size), ceil(S / block_size))`:
-            0 empty, 1 partial, 2 full.
+        batch_size (int): The grid it was evaluated on, as
+            `num_heads`, `query_length` and `key_length` (each an int).
+        num_heads (int): See `batch_size`.
+        query_length (int): See `batch_size`.
+        key_length (int): See `batch_size`.
+        block_size (int): Query and key rows per block.
+        blocks (Tensor): int32 `(ceil(T / block_size),
+            ceil(S / block_size))`: 0 empty, 1 partial, 2 full.
     """
 
     def __init__(
