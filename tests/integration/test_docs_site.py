@@ -164,12 +164,18 @@ def test_api_page_lists_the_arguments(server, tmp_path):
     assert 'class="katex"' in dom  # the equation in the class docstring
 
 
+# Pages taller than this at 1280 px (the API reference with every
+# inherited method on every layer was 27,000 px) are split or trimmed.
+MAX_PAGE_HEIGHT = 24_000
+
 # One pass over a rendered page at 1280 px, in the page: raw TeX left in
 # text outside code, tables and display equations wider than the content
 # column with no scroll bar, large images shown small with no link to
-# them; and its links and ids, which `audit` checks against the site.
+# them, identifiers in tables broken inside a word (between two word
+# characters), a page taller than MAX_PAGE_HEIGHT; and its links and
+# ids, which `audit` checks against the site.
 AUDIT_JS = r"""
-async () => {
+async (maxHeight) => {
   const clip = (text) => text.replace(/\s+/g, " ").trim().slice(0, 60);
   const found = [];
   await document.fonts.ready;
@@ -234,6 +240,36 @@ async () => {
         `${px(img.naturalWidth)} wide, shown at ${px(shown)}, unlinked`]);
     }
   }
+  const lineOf = (node, at) => {
+    const range = document.createRange();
+    range.setStart(node, at);
+    range.setEnd(node, at + 1);
+    const rect = [...range.getClientRects()].find((r) => r.width > 0);
+    return rect ? Math.round(rect.top) : null;
+  };
+  for (const code of document.querySelectorAll(".md-content table code")) {
+    const texts = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    const chars = [];  // [node, offset] of every character, in order
+    while (texts.nextNode()) {
+      const node = texts.currentNode;
+      for (let i = 0; i < node.data.length; i++) chars.push([node, i]);
+    }
+    for (let i = 1; i < chars.length; i++) {
+      const [a, j] = chars[i - 1], [b, k] = chars[i];
+      if (!/\w/.test(a.data[j]) || !/\w/.test(b.data[k])) continue;
+      const before = lineOf(a, j), after = lineOf(b, k);
+      if (before !== null && after !== null && after > before) {
+        found.push(["wrap", `"${clip(code.textContent)}" broken at ` +
+          `"${a.data[j]}|${b.data[k]}"`]);
+        break;
+      }
+    }
+  }
+  const height = document.documentElement.scrollHeight;
+  if (height > maxHeight) {
+    found.push(["height", `${px(height)} tall, over ${px(maxHeight)}`]);
+  }
+
   const links = [...document.querySelectorAll("a[href]")].map(
     (a) => new URL(a.getAttribute("href"), document.baseURI).href);
   const ids = [...document.querySelectorAll("[id], a[name]")].map(
@@ -276,7 +312,7 @@ def audit(site, browser, tabs=4):
                 # that is before the math is typeset.
                 tab.wait_for_load_state("load")
                 tab.wait_for_load_state("networkidle")
-                result = tab.evaluate(AUDIT_JS)
+                result = tab.evaluate(AUDIT_JS, MAX_PAGE_HEIGHT)
                 tab.close()
                 defects += [(page, *defect) for defect in result["found"]]
                 defects += [
@@ -365,6 +401,8 @@ GOOD_BODY = r"""<p>Typeset <span class="katex"><annotation>\(x\)</annotation>
 </td></tr></table></div>
 <a href="wide.svg"><img src="wide.svg" style="width:100px"></a>
 <a href="bad/#here">anchor</a> <a href="https://example.com/">elsewhere</a>
+<table style="width:120px"><tr><td><code>sliding_window=(left, right)
+--sliding-window</code></td></tr></table>
 """
 BAD_BODY = r"""<link rel="stylesheet" href="https://cdn.example.com/katex.css">
 <p id="here">Raw \(x^2\).</p>
@@ -374,6 +412,9 @@ BAD_BODY = r"""<link rel="stylesheet" href="https://cdn.example.com/katex.css">
 cut off</div></div>
 <img src="../wide.svg" style="width:100px">
 <a href="../missing/">gone</a> <a href="../#nowhere">no anchor</a>
+<table style="width:120px"><tr><td><code style="word-break:break-all">
+MultiHeadSelfAttention</code></td></tr></table>
+<div style="height:{height}px"></div>
 """
 
 
@@ -384,9 +425,20 @@ def test_the_audit_finds_each_kind_of_defect(browser, tmp_path):
     )
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "index.html").write_text(
-        PAGE.format(title="bad", body=BAD_BODY)
+        PAGE.format(
+            title="bad",
+            body=BAD_BODY.replace("{height}", str(MAX_PAGE_HEIGHT + 100)),
+        )
     )
     defects = audit(tmp_path, browser)
     found = collections.Counter(tuple(d.split(": ")[:2]) for d in defects)
-    expected = {"math": 2, "network": 1, "overflow": 2, "link": 2, "image": 1}
+    expected = {
+        "math": 2,
+        "network": 1,
+        "overflow": 2,
+        "link": 2,
+        "image": 1,
+        "wrap": 1,
+        "height": 1,
+    }
     assert found == {("/bad/", k): n for k, n in expected.items()}, defects
