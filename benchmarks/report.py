@@ -17,6 +17,8 @@ DOCS = ROOT / "docs"
 FIGURES = DOCS / "assets" / "performance"
 BACKENDS = ("tensorflow", "jax", "torch")
 INTRO = (Path(__file__).parent / "performance_intro.md").read_text()
+# The context-parallel tables, included in the long-sequences guide.
+SNIPPET = RESULTS / "context_parallel.md"
 
 
 def load(name):
@@ -624,6 +626,70 @@ def gpu_section():
     return [*lines, ""]
 
 
+def context_parallel_tables():
+    """The tables of `benchmarks/context_parallel.py`, which the Performance
+    page and the "Long sequences across devices" guide both show."""
+    data = load("context_parallel").get("jax")
+    if data is None:
+        return ["No context-parallel figures yet."]
+    mib = 2**20
+    attention = data["attention"]
+    base = sum(data["attention_memory"][0][k] for k in ("temporaries",
+                                                        "inputs_outputs"))  # fmt: skip
+    lines = [
+        "Per device, from XLA's memory analysis of the compiled training "
+        "step (forward and backward) of causal attention alone, ring "
+        f"exchange, B = {attention['batch']}, T = {attention['length']}, "
+        f"{attention['heads']} heads of {attention['head_dim']}, float32, "
+        "on a `(1, P)` mesh of simulated CPU devices:",
+        "",
+        "| devices `P` | inputs and outputs | temporaries | total "
+        "| total / one device |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in data["attention_memory"]:
+        total = row["temporaries"] + row["inputs_outputs"]
+        lines.append(
+            f"| {row['devices']} | {row['inputs_outputs'] / mib:.0f} MiB "
+            f"| {row['temporaries'] / mib:.0f} MiB | {total / mib:.0f} MiB "
+            f"| {total / base:.2f} |"
+        )
+    model, memory = data["model"], data["model_memory"]
+    one, shared = (sum(memory[k].values()) for k in ("one_device", "per_device"))
+    devices = data["balance_devices"]
+    lines += [
+        "",
+        f"The training step of the mini GPT ({model['layers']} blocks of "
+        f"{model['units']} units, {model['heads']} query and "
+        f"{model['kv_heads']} key/value heads, rotary positions) at T = "
+        f"{model['sequence_length']}: {one / mib:.0f} MiB on one device, "
+        f"{shared / mib:.0f} MiB per device on {devices} "
+        f"({shared / one:.2f} of it).",
+        "",
+        f"Chunk pairs each of {devices} devices visits for causal "
+        "attention, from the plan:",
+        "",
+        "| order | " + " | ".join(f"device {d}" for d in range(devices)) + " |",
+        "| --- " * (devices + 1) + "|",
+    ]
+    for order in ("contiguous", "zigzag"):
+        counts = " | ".join(map(str, data["balance"][order]))
+        lines.append(f"| {order.replace('zigzag', 'zig-zag')} | {counts} |")
+    return lines
+
+
+def context_parallel_section():
+    return [
+        "## Across devices",
+        "",
+        "`ContextParallel` (JAX), from `benchmarks/context_parallel.py`; "
+        "see [Long sequences across devices](guides/long-sequences.md).",
+        "",
+        *context_parallel_tables(),
+        "",
+    ]
+
+
 def render(plot=True):
     """The text of docs/performance.md; `plot` also draws its figure."""
     lines = [INTRO.rstrip(), ""]
@@ -637,6 +703,7 @@ def render(plot=True):
     lines += relative_bias_section()
     lines += rnn_section()
     lines += quantization_section()
+    lines += context_parallel_section()
     lines += gpu_section()
     return "\n".join(lines)
 
@@ -644,6 +711,8 @@ def render(plot=True):
 def main():
     (DOCS / "performance.md").write_text(render())
     print(f"wrote {DOCS / 'performance.md'}")
+    SNIPPET.write_text("\n".join(context_parallel_tables()) + "\n")
+    print(f"wrote {SNIPPET}")
 
 
 if __name__ == "__main__":

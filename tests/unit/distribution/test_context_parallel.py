@@ -145,3 +145,21 @@ def test_bad_arguments_are_refused_clearly():
         ContextParallel(mesh, batch_dim_name="batch", sequence_dim_name="batch")
     layout = ContextParallel(mesh).get_data_layout((4, 16, 8))
     assert tuple(layout.axes) == ("batch", "sequence", None)
+
+
+@jax_only
+def test_published_tables_are_the_results():
+    """The guide's and the Performance page's context-parallel tables are
+    what `benchmarks/report.py` renders from the results."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "report", ROOT / "benchmarks" / "report.py"
+    )
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    tables = "\n".join(report.context_parallel_tables()) + "\n"
+    assert report.SNIPPET.read_text() == tables
+    guide = (ROOT / "docs" / "guides" / "long-sequences.md").read_text()
+    assert f'--8<-- "{report.SNIPPET.relative_to(ROOT)}"' in guide
+    assert tables.strip() in (ROOT / "docs" / "performance.md").read_text()
