@@ -211,7 +211,8 @@ def layer_differences(distribution, exchange):
 
 
 def fit_differences(distribution):
-    """A small decoder-only model fitted for three steps on one device
+    """A small decoder-only model (learned and rotary positions) fitted
+    for six steps on one device
     and under `distribution`: the largest difference of the losses and
     of the weights after."""
     vocabulary = 11
@@ -221,6 +222,7 @@ def fit_differences(distribution):
         keras.utils.set_random_seed(0)
         inputs = keras.Input((T,), dtype="int32")
         x = keras.layers.Embedding(vocabulary, D)(inputs)
+        x = keras_attention.PositionEmbedding(T)(x)  # learned positions
         x = keras_attention.TransformerDecoderBlock(
             N, 32, key_dim=H, num_key_value_heads=K, use_rotary=True
         )(x)
@@ -264,6 +266,34 @@ def memory(length=65536, heads=4, depth=32):
             analysis.argument_size_in_bytes + analysis.output_size_in_bytes,
         ]
     return found
+
+
+def tensor_parallel_difference():
+    """`MultiHeadSelfAttention` (grouped heads, ALiBi, causal) built under
+    a `(batch 1, sequence 4, model 2)` mesh whose layout map shards the
+    projections' heads along "model": its outputs against one device."""
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh(
+        (1, 4, 2), ("batch", "sequence", "model"), devices
+    )
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for name in ("query", "key", "value"):
+        layout_map[f".*{name}_dense.*kernel"] = (None, "model", None)
+    inputs = random((B, T, D), 3)
+
+    def output():
+        keras.utils.set_random_seed(0)
+        layer = keras_attention.MultiHeadSelfAttention(
+            N, H, num_key_value_heads=K, alibi=True
+        )
+        model = keras.Sequential([keras.Input((T, D)), layer])
+        return model.predict(inputs, verbose=0)
+
+    alone = output()
+    before = len(CALLS)
+    with ContextParallel(mesh, layout_map).scope():
+        shared = output()
+    return [largest_difference(alone, shared), len(CALLS) - before]
 
 
 def refusal(distribution):
@@ -313,6 +343,7 @@ MESHES = {
         "functional": lambda d: functional_differences(d, [("ring", 2)]),
         "layers": lambda d: layer_differences(d, "all_gather"),
         "fit": fit_differences,
+        "tensor_parallel": lambda d: tensor_parallel_difference(),
     },
 }  # fmt: skip
 

@@ -93,6 +93,11 @@ def test_fit_gives_the_one_device_losses_and_weights(results):
 
 
 @jax_only
+def test_a_third_mesh_axis_carries_tensor_parallelism(results):
+    assert_matches({"tensor_parallel": results[2, 4]["tensor_parallel"]})
+
+
+@jax_only
 def test_a_length_the_mesh_does_not_divide_is_refused(results):
     message = results[1, 8]["refusal"]
     assert message is not None
