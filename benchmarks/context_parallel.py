@@ -35,12 +35,12 @@ if keras.backend.backend() != "jax":
     sys.exit(0)
 
 import jax  # noqa: E402
-
 from common import write  # noqa: E402
+
+from keras_attention import functional  # noqa: E402
 from keras_attention._core import Structure  # noqa: E402
 from keras_attention._kernels import context  # noqa: E402
 from keras_attention.distribution import ContextParallel  # noqa: E402
-from keras_attention.functional import scaled_dot_product_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import long_context  # noqa: E402
@@ -74,7 +74,7 @@ def attention_memory():
     query = jax.ShapeDtypeStruct(shape, "float32")
 
     def loss(q, k, v):
-        out = scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return jax.numpy.sum(out * out)
 
     default, context.ALL_GATHER_MAX_BYTES = context.ALL_GATHER_MAX_BYTES, 0
@@ -98,8 +98,12 @@ def model_memory():
             long_context.compiled_model(args), args
         )
     return {
-        "one_device": dict(zip(("temporaries", "inputs_outputs"), one)),
-        "per_device": dict(zip(("temporaries", "inputs_outputs"), shared)),
+        "one_device": dict(
+            zip(("temporaries", "inputs_outputs"), one, strict=True)
+        ),
+        "per_device": dict(
+            zip(("temporaries", "inputs_outputs"), shared, strict=True)
+        ),
     }
 
 

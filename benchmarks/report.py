@@ -634,8 +634,8 @@ def context_parallel_tables():
         return ["No context-parallel figures yet."]
     mib = 2**20
     attention = data["attention"]
-    base = sum(data["attention_memory"][0][k] for k in ("temporaries",
-                                                        "inputs_outputs"))  # fmt: skip
+    first = data["attention_memory"][0]  # one device
+    base = first["temporaries"] + first["inputs_outputs"]
     lines = [
         "Per device, from XLA's memory analysis of the compiled training "
         "step (forward and backward) of causal attention alone, ring "
@@ -655,7 +655,9 @@ def context_parallel_tables():
             f"| {total / base:.2f} |"
         )
     model, memory = data["model"], data["model_memory"]
-    one, shared = (sum(memory[k].values()) for k in ("one_device", "per_device"))
+    one, shared = (
+        sum(memory[k].values()) for k in ("one_device", "per_device")
+    )
     devices = data["balance_devices"]
     lines += [
         "",

@@ -116,9 +116,7 @@ def step_memory(model, args):
         return loss_fn(y, logits)
 
     weights = [v.value for v in model.trainable_variables]
-    compiled = (
-        jax.jit(jax.grad(loss)).lower(weights, tokens, tokens).compile()
-    )
+    compiled = jax.jit(jax.grad(loss)).lower(weights, tokens, tokens).compile()
     analysis = compiled.memory_analysis()
     return (
         analysis.temp_size_in_bytes,

@@ -132,9 +132,12 @@ class ContextParallel(keras.distribution.ModelParallel):
         where the sequence axis divides it."""
         axes = [None] * len(data_shape)
         axes[0] = self.batch_dim_name
-        if len(data_shape) >= 2 and isinstance(data_shape[1], int):
-            if data_shape[1] % self.sequence_devices == 0:
-                axes[1] = self.sequence_dim_name
+        if (
+            len(data_shape) >= 2
+            and isinstance(data_shape[1], int)
+            and data_shape[1] % self.sequence_devices == 0
+        ):
+            axes[1] = self.sequence_dim_name
         return keras.distribution.TensorLayout(axes, self.device_mesh)
 
 

@@ -138,8 +138,9 @@ def visited_chunks(sharding, structure, query_length, key_length):
     leaves at least one visible position in: int array `(P,)`, computed
     ahead of any program."""
     devices = sharding.devices
-    query_chunk, key_chunk = query_length // (2 * devices), key_length // (
-        2 * devices
+    query_chunk, key_chunk = (
+        query_length // (2 * devices),
+        key_length // (2 * devices),
     )
     counts = np.zeros(devices, "int64")
     for device in range(devices):
@@ -206,9 +207,7 @@ def attention(query, key, value, mask, structure, scale, sharding):
         device = lax.axis_index(sequence_axis)
         tensors = _to_chunk_order(sharding, tensors, device)
         query, key, value = (tensors.pop(n) for n in ("query", "key", "value"))
-        output = _ring_attention(step, sharding)(
-            query, key, value, tensors
-        )
+        output = _ring_attention(step, sharding)(query, key, value, tensors)
         return _from_chunk_order(sharding, output, device)
 
     fn = jax.shard_map(
@@ -340,7 +339,9 @@ def _ring_attention(step, sharding):
         step `index`, chunks of `rows` rows."""
         if sharding.ring:
             source = (device - index) % devices  # whose shard is held
-            return [(c, i * rows) for i, c in enumerate(sharding.chunks(source))]
+            return [
+                (c, i * rows) for i, c in enumerate(sharding.chunks(source))
+            ]
         order = jnp.asarray(_all_chunks(sharding), "int32")
         return [(order[index], index * rows)]
 
@@ -395,7 +396,9 @@ def _ring_attention(step, sharding):
                 output = lax.dynamic_update_slice_in_dim(output, o, q_row, 1)
                 lse = lax.dynamic_update_slice_in_dim(lse, m, q_row, 2)
             if sharding.ring:
-                keys, values = (lax.ppermute(x, name, shift) for x in (keys, values))
+                keys, values = (
+                    lax.ppermute(x, name, shift) for x in (keys, values)
+                )
             return output, lse, keys, values
 
         output = jnp.zeros((*query.shape[:3], value.shape[3]), "float32")

@@ -122,7 +122,9 @@ def functional_differences(distribution, exchanges):
     cases = dict(FUNCTIONAL_CASES)
     found = {}
     for exchange, block in exchanges:
-        context.ALL_GATHER_MAX_BYTES = 1 << 40 if exchange == "all_gather" else 0
+        context.ALL_GATHER_MAX_BYTES = (
+            1 << 40 if exchange == "all_gather" else 0
+        )
         context.BLOCK = block
         for name, arguments in cases.items():
             fn = with_gradients(
@@ -212,9 +214,8 @@ def layer_differences(distribution, exchange):
 
 def fit_differences(distribution):
     """A small decoder-only model (learned and rotary positions) fitted
-    for six steps on one device
-    and under `distribution`: the largest difference of the losses and
-    of the weights after."""
+    for six steps on one device and under `distribution`: the largest
+    difference of the losses and of the weights after."""
     vocabulary = 11
     tokens = np.random.default_rng(4).integers(0, vocabulary, (12, T + 1))
 
@@ -257,9 +258,9 @@ def memory(length=65536, heads=4, depth=32):
     found = {}
     for devices in (1, 2, 4, 8):
         with ContextParallel(mesh(1, devices)).scope():
-            compiled = jax.jit(lambda *a: fn(*a)).lower(
-                query, query, query
-            ).compile()
+            compiled = (
+                jax.jit(lambda *a: fn(*a)).lower(query, query, query).compile()
+            )
         analysis = compiled.memory_analysis()
         found[devices] = [
             analysis.temp_size_in_bytes,

@@ -22,7 +22,9 @@ from tests.helpers import BACKEND
 ROOT = Path(__file__).resolve().parents[3]
 TOLERANCE = 1e-5
 MESHES = [(1, 8), (2, 4)]
-jax_only = pytest.mark.skipif(BACKEND != "jax", reason="ContextParallel is JAX's")
+jax_only = pytest.mark.skipif(
+    BACKEND != "jax", reason="ContextParallel is JAX's"
+)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +114,9 @@ def test_causal_work_is_balanced(results):
     within 1.2x of the mean; contiguous shards are not (the last device
     would do ten times the first one's work)."""
     balance = results[1, 8]["balance"]
-    zigzag, contiguous = (np.array(balance[k]) for k in ("zigzag", "contiguous"))
+    zigzag, contiguous = (
+        np.array(balance[k]) for k in ("zigzag", "contiguous")
+    )
     assert zigzag.max() <= 1.2 * zigzag.mean()
     assert zigzag.sum() == contiguous.sum()  # the same pairs, redistributed
     assert contiguous.max() > 1.2 * contiguous.mean()
