@@ -180,6 +180,18 @@ class _PrefixLM:
         prefix = ops.take(self.prefix_lengths, batch)  # (B, 1, 1, 1)
         return ops.logical_or(kv_idx < prefix, kv_idx <= q_idx)
 
+    def block_kinds(self, length, key_length, block):
+        """Some key of a block is seen if its first is in the prefix or
+        at most the last query; every key if its last is in the prefix
+        or at most the first query (in every row of the batch)."""
+        first_row, last_row, first_key, last_key = _edges(
+            length, key_length, block
+        )
+        prefix = ops.reshape(self.prefix_lengths, (-1, 1, 1))  # (B, 1, 1)
+        seen = (first_key < prefix) | (first_key <= last_row)
+        whole = (last_key < prefix) | (last_key <= first_row)
+        return _kinds(ops.all(whole, axis=0), ops.any(seen, axis=0))
+
     def __repr__(self):
         return "prefix_lm(prefix_lengths)"
 
@@ -223,6 +235,17 @@ class _Chunked(Configured):
         batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
         size = self.chunk_size
         return ops.equal(q_idx // size, kv_idx // size)
+
+    def block_kinds(self, length, key_length, block):
+        """Some key of a block is seen where the chunks its queries and
+        its keys span overlap; every key where they are one chunk."""
+        first_row, last_row, first_key, last_key = (
+            edge // self.chunk_size
+            for edge in _edges(length, key_length, block)
+        )
+        seen = (first_key <= last_row) & (first_row <= last_key)
+        one = (first_row == last_row) & (first_key == last_key)
+        return _kinds(one & (first_row == first_key), seen)
 
     def get_config(self):
         return {"chunk_size": self.chunk_size}
@@ -270,11 +293,44 @@ class _SinkTokens(Configured):
         batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
         return kv_idx < self.num_sinks + ops.zeros_like(q_idx)
 
+    def block_kinds(self, length, key_length, block):
+        """Some key of a block is seen if its first is a sink; every key
+        if its last is."""
+        first_row, _, first_key, last_key = _edges(length, key_length, block)
+        rows = ops.zeros_like(first_row, "bool")  # (T'/C, 1)
+        return _kinds(rows | (last_key < self.num_sinks),
+                      rows | (first_key < self.num_sinks))  # fmt: skip
+
     def get_config(self):
         return {"num_sinks": self.num_sinks}
 
     def __repr__(self):
         return f"sink_tokens({self.num_sinks})"
+
+
+def _edges(length, key_length, block):
+    """The first and last real query of each block row `(T'/C, 1)` and
+    the first and last real key of each block column `(1, S'/C)`, int32
+    (padding past the lengths belongs to no block's range)."""
+    rows = ops.arange(-(-length // block), dtype="int32")[:, None] * block
+    keys = ops.arange(-(-key_length // block), dtype="int32")[None] * block
+    return (
+        rows,
+        ops.minimum(rows + block, length) - 1,
+        keys,
+        ops.minimum(keys + block, key_length) - 1,
+    )
+
+
+def _kinds(whole, seen):
+    """`FULL` (2) where every position is seen, `PARTIAL` (1) where some
+    are, else `EMPTY` (0): int32 `(T'/C, S'/C)`, as `Band.block_kinds`."""
+    shape = ops.shape(ops.logical_or(whole, seen))
+    return ops.cast(
+        ops.where(ops.broadcast_to(whole, shape), 2,
+                  ops.where(ops.broadcast_to(seen, shape), 1, 0)),
+        "int32",
+    )  # fmt: skip
 
 
 def sink_tokens(num_sinks: int):

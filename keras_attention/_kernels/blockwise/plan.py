@@ -7,6 +7,7 @@ N query heads, K key/value heads, G = N // K queries per key/value head,
 H head dim, V value head dim, P = B x K.
 """
 
+import functools
 from typing import Any
 from typing import NamedTuple
 
@@ -15,8 +16,11 @@ import numpy as np
 from keras import ops
 
 from keras_attention._core import large_negative
+from keras_attention._core.builtins import Band
+from keras_attention._core.builtins import Segments
 from keras_attention._core.mods import BlockTable
 from keras_attention._core.mods import Bound
+from keras_attention._core.mods import Combined
 from keras_attention._kernels.blockwise import blocks
 
 
@@ -208,7 +212,17 @@ def mod_blocks(structure, batch, heads, length, key_length, block):
     batch or head), `FULL` (every position visible) or `PARTIAL`.
     Padded positions count as neither: they are hidden in every block
     they are in, and a mod is never called on them (see
-    `blocks.real_indices`)."""
+    `blocks.real_indices`). A built-in mod's map comes from its ranges
+    (`range_kinds`); any other mod is evaluated, one row of blocks at a
+    time."""
+    known = range_kinds(structure.mask_mod, length, key_length, block)
+    if known is not None:
+        return known
+    return evaluated_blocks(structure, batch, heads, length, key_length, block)
+
+
+def evaluated_blocks(structure, batch, heads, length, key_length, block):
+    """`mod_blocks` by evaluating the mask mod on every position."""
     c = block
     query_blocks, columns = -(-length // c), -(-key_length // c)
     cols = ops.arange(columns * c)  # (S',)
@@ -236,6 +250,27 @@ def mod_blocks(structure, batch, heads, length, key_length, block):
 
     table = ops.zeros((query_blocks, columns), "int32")
     return blocks.fori_loop(0, query_blocks, row, table)
+
+
+def range_kinds(mod, length, key_length, block):
+    """The block map of a built-in mask mod, computed from the ranges of
+    positions each block pair spans as `mod_blocks` would find it
+    evaluated, or `None` for any other mod. Of `and_masks` / `or_masks`
+    of built-in mods, the least / greatest kind of its mods': where mods
+    overlap in a way their ranges do not show, a block may be `PARTIAL`
+    that evaluation finds empty or full, never the reverse."""
+    if isinstance(mod, Combined):
+        kinds = [range_kinds(m, length, key_length, block) for m in mod.mods]
+        if any(k is None for k in kinds):
+            return None
+        combine = ops.minimum if mod.conjunction else ops.maximum
+        return functools.reduce(combine, kinds)
+    if isinstance(mod, Segments):
+        ids = blocked_ids(mod, length, key_length, block)
+        return ops.cast(mod.block_kinds(*ids, block), "int32")
+    if isinstance(mod, Band) or hasattr(mod, "block_kinds"):
+        return ops.cast(mod.block_kinds(length, key_length, block), "int32")
+    return None
 
 
 def known_mod_blocks(structure, batch, heads, length, key_length, block):

@@ -11,6 +11,7 @@ import pytest
 from keras import ops
 
 from keras_attention import mods
+from keras_attention._kernels.blockwise import plan
 from tests.helpers import np_mask_mod
 from tests.helpers import np_t5_bucket
 from tests.helpers import to_numpy
@@ -148,6 +149,31 @@ def test_block_mask_classifies_every_block(name, block):
     np.testing.assert_array_equal(
         evaluate(mask, t=t, s=s), evaluate(mod, t=t, s=s)
     )
+
+
+RANGED = {
+    **{name: case[0] for name, case in MASK_MODS.items()},
+    "sinks": mods.sink_tokens(3),
+    "prefix_lm, long prefixes": mods.prefix_lm(np.array([7, 11])),
+    "chunked 1": mods.chunked(1),
+}
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 5])
+@pytest.mark.parametrize("name", list(RANGED))
+def test_built_in_maps_from_ranges_are_the_evaluated_maps(name, block):
+    """The block map a built-in mod's ranges give (without evaluating it)
+    is the map of the mod evaluated position by position."""
+    mod = RANGED[name]
+    t, s = sizes(name)
+    got = plan.range_kinds(mod, t, s, block)
+    assert got is not None, "a built-in mod's map comes from its ranges"
+    want = np_blocks(evaluate(mod, t=t, s=s), block)
+    np.testing.assert_array_equal(ops.convert_to_numpy(got), want)
+
+
+def test_any_other_mod_is_evaluated():
+    assert plan.range_kinds(per_head, T, S, 2) is None
 
 
 def test_block_mask_of_a_mod_of_batch_and_head():
