@@ -49,6 +49,7 @@ from jax import numpy as jnp
 from jax.sharding import PartitionSpec
 
 from keras_attention._core.builtins import segments_visible
+from keras_attention._core.mods import visible as mod_visible
 
 # The all-gather variant holds every key and value on each device; it is
 # chosen while they take at most this many bytes per device (float32),
@@ -200,7 +201,7 @@ def attention(query, key, value, mask, structure, scale, sharding):
         specs["query_ids"] = data
         specs["key_ids"] = PartitionSpec(batch_axis, None)
     names = tuple(arrays)
-    step = _Step(structure, scale)
+    step = _Step(structure, scale, batch_axis)
 
     def local(*tensors):
         tensors = dict(zip(names, tensors, strict=True))
@@ -273,16 +274,28 @@ class _Step:
     """The logits of one query chunk on one key chunk, at their global
     positions, with every part of the structure applied."""
 
-    def __init__(self, structure, scale):
+    def __init__(self, structure, scale, batch_axis):
         self.structure, self.scale = structure, scale
+        self.batch_axis = batch_axis
 
     def positions(self, chunk, rows):
         return chunk * rows + jnp.arange(rows, dtype="int32")
 
-    def visible(self, tensors, query_pos, key_pos, query_rows):
-        """Booleans `(b|1, N|1, R, C)`, or `None` when all are visible."""
+    def visible(self, tensors, query_pos, key_pos, query_rows, grid):
+        """Booleans `(b|1, N|1, R, C)`, or `None` when all are visible;
+        `grid` is `(b, N)`, the batch rows and heads of the queries."""
         structure = self.structure
         visible = None
+        if structure.mask_mod is not None:
+            batch, heads = grid
+            first = lax.axis_index(self.batch_axis) * batch  # global rows
+            indices = (
+                (first + jnp.arange(batch, dtype="int32"))[:, None, None, None],
+                jnp.arange(heads, dtype="int32")[None, :, None, None],
+                query_pos[None, None, :, None],
+                key_pos[None, None, None, :],
+            )
+            visible = mod_visible(structure.where, structure.mask_mod, indices)
         band = structure.band_visible(query_pos[:, None], key_pos[None, :])
         if band is not None:
             visible = band[None, None]
@@ -489,7 +502,8 @@ def _add_rows(total, part, start, axis):
 
 def _masked_logits(step, tensors, query, key, query_pos, key_pos, query_rows):
     logits = step.logits(query, key, query_pos, key_pos)
-    visible = step.visible(tensors, query_pos, key_pos, query_rows)
+    grid = (query.shape[0], query.shape[2])
+    visible = step.visible(tensors, query_pos, key_pos, query_rows, grid)
     if visible is not None:
         logits = jnp.where(visible, logits, -jnp.inf)
     return logits
@@ -644,8 +658,11 @@ def refusal(structure, return_weights):
     instead, or `None`."""
     if return_weights:
         return "the weights are requested: they are (T, S) whole"
-    if structure.mask_mod is not None or structure.score_mod is not None:
-        return "a mask mod or score mod is evaluated on the whole sequence"
+    if structure.score_mod is not None:
+        return (
+            "a score mod is applied to the whole sequence (its tensors' "
+            "gradients are not passed around the ring)"
+        )
     return None
 
 

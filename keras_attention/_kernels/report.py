@@ -93,8 +93,8 @@ def _context_parallel(query, key, value, structure, distribution):
         f"{sharding.devices} devices along '{sharding.sequence_axis}'; "
         f"{reasons['exchange']}; {reasons['order']}; chunk pairs visited "
         f"per device: {', '.join(map(str, visited))} of "
-        f"{4 * sharding.devices} (band, segment ids and masks at global "
-        "positions)"
+        f"{4 * sharding.devices} (band, segment ids, masks and mask mods "
+        "at global positions)"
     )
     return Explanation("context_parallel", {}, lowering, "jax")
 

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 import keras_attention
+from keras_attention import mods
 from keras_attention._kernels import context
 from keras_attention.distribution import ContextParallel
 from keras_attention.functional import scaled_dot_product_attention
@@ -60,6 +61,11 @@ FUNCTIONAL_CASES = {
     "padding": {"mask": padding()[:, None, None, :]},
     "alibi": {"alibi": True, "is_causal": True},
     "soft_cap": {"logit_soft_cap": 3.0},
+    "prefix_lm_mod": {"mask_mod": mods.prefix_lm(np.array([5, 20]))},
+    "own_mod": {"mask_mod": lambda b, h, q, k: (q + 2 * k + h + b) % 3 != 0},
+    "sinks_or_window_mod": {
+        "mask_mod": mods.or_masks(mods.sink_tokens(2), mods.sliding_window(3))
+    },
 }
 
 
