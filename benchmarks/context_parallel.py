@@ -77,14 +77,15 @@ def attention_memory():
         out = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return jax.numpy.sum(out * out)
 
-    default, context.ALL_GATHER_MAX_BYTES = context.ALL_GATHER_MAX_BYTES, 0
+    layouts = context.sharding
+    default, layouts.ALL_GATHER_MAX_BYTES = layouts.ALL_GATHER_MAX_BYTES, 0
     rows = []  # the ring, at every P
     for devices in (1, 2, 4, 8):
         with distribution(devices).scope():
             step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
             figures = bytes_of(step.lower(query, query, query).compile())
         rows.append({"devices": devices, **figures})
-    context.ALL_GATHER_MAX_BYTES = default
+    layouts.ALL_GATHER_MAX_BYTES = default
     return rows
 
 

@@ -5,9 +5,11 @@ grouped-query attention) is trained on windows of `--sequence-length`
 bytes of docstrings under `keras_attention.distribution.ContextParallel`:
 each batch is split along time over the devices of a `(batch, sequence)`
 mesh, and every attention layer attends each device's queries to the
-whole sequence by passing keys and values around a ring of devices
-(Liu et al. 2023), with the causal work balanced by a zig-zag order of
-the sequence. The model code is the one-device code.
+whole sequence, gathering the keys and values or passing them around a
+ring of devices (Liu et al. 2023): here, with grouped-query heads, they
+are small and gathered, which the printed `explain()` says. The causal
+work is balanced by a zig-zag order of the sequence. The model code is
+the one-device code.
 
 The script reports, per device, the memory of the compiled training step
 (from XLA's memory analysis) on one device and under the distribution,

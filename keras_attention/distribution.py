@@ -27,39 +27,40 @@ class ContextParallel(keras.distribution.ModelParallel):
     tensor parallelism. Build, `fit` and call the model as on one
     device.
 
-    Under it, `MultiHeadSelfAttention`, `TransformerEncoderBlock`,
-    `TransformerDecoderBlock` and `functional.scaled_dot_product_attention`
-    keep each device's query shard and meet every key shard by a ring of
-    `ppermute`s or an all-gather (`explain()` says which and why). Causal
-    attention reorders the sequence into a zig-zag inside the call, so
-    that every device has as much work; outputs come back in order. The
-    query and key lengths must be multiples of twice the number of
-    devices along the sequence axis.
+    Under it, `MultiHeadSelfAttention`, `CrossAttention`,
+    `TransformerEncoderBlock`, `TransformerDecoderBlock` and
+    `functional.scaled_dot_product_attention` keep each device's query
+    shard and meet every key shard by a ring of `ppermute`s or an
+    all-gather (`explain()` says which and why). Causal attention
+    reorders the sequence into a zig-zag inside the call, so that every
+    device has as much work; outputs come back in order. The query and
+    key lengths must be multiples of twice the number of devices along
+    the sequence axis, and the batch a multiple of the devices along the
+    batch axis.
 
     Args:
-        device_mesh: `keras.distribution.DeviceMesh` with axes named
-            `batch_dim_name` and `sequence_dim_name` (and any others).
-        layout_map: `keras.distribution.LayoutMap` on `device_mesh`, or
-            `None` to replicate every variable.
-        batch_dim_name: str. The mesh axis of the batch. Defaults to
-            `"batch"`.
-        sequence_dim_name: str. The mesh axis of time. Defaults to
-            `"sequence"`.
-        auto_shard_dataset: bool. As in `keras.distribution.ModelParallel`.
+        device_mesh (keras.distribution.DeviceMesh): Its axes include
+            `batch_dim_name` and `sequence_dim_name`.
+        layout_map (keras.distribution.LayoutMap | None): Variable
+            layouts on `device_mesh`; `None` replicates every variable.
+        batch_dim_name (str): The mesh axis of the batch.
+        sequence_dim_name (str): The mesh axis of time.
+        auto_shard_dataset (bool): As in `keras.distribution.ModelParallel`.
 
-    Example:
+    Raises:
+        ValueError: on a backend other than JAX, or for a mesh without
+            the named axes, or a layout map on another mesh.
 
-    ```python
-    devices = keras.distribution.list_devices()  # 8 devices
-    mesh = keras.distribution.DeviceMesh(
-        (2, 4), axis_names=("batch", "sequence"), devices=devices
-    )
-    keras.distribution.set_distribution(
-        keras_attention.distribution.ContextParallel(mesh)
-    )
-    model = build_model()  # as on one device
-    model.fit(tokens, targets)  # tokens (B, T): B over 2, T over 4 devices
-    ```
+    Examples:
+        >>> import keras
+        >>> from keras_attention.distribution import ContextParallel
+        >>> devices = keras.distribution.list_devices()
+        >>> mesh = keras.distribution.DeviceMesh(
+        ...     (1, len(devices)), ("batch", "sequence"), devices
+        ... )
+        >>> layout = ContextParallel(mesh).get_data_layout((4, 16, 8))
+        >>> layout.axes  # tokens (B, T, D): B and T sharded
+        ('batch', 'sequence', None)
 
     References:
         Liu et al., "Ring Attention with Blockwise Transformers for
@@ -69,11 +70,11 @@ class ContextParallel(keras.distribution.ModelParallel):
 
     def __init__(
         self,
-        device_mesh,
-        layout_map=None,
-        batch_dim_name="batch",
-        sequence_dim_name="sequence",
-        auto_shard_dataset=True,
+        device_mesh: keras.distribution.DeviceMesh,
+        layout_map: keras.distribution.LayoutMap | None = None,
+        batch_dim_name: str = "batch",
+        sequence_dim_name: str = "sequence",
+        auto_shard_dataset: bool = True,
     ):
         if keras.backend.backend() != "jax":
             raise ValueError(
@@ -139,11 +140,3 @@ class ContextParallel(keras.distribution.ModelParallel):
         ):
             axes[1] = self.sequence_dim_name
         return keras.distribution.TensorLayout(axes, self.device_mesh)
-
-
-def active():
-    """The `ContextParallel` in effect, or `None`."""
-    if keras.backend.backend() != "jax":
-        return None
-    distribution = keras.distribution.distribution()
-    return distribution if isinstance(distribution, ContextParallel) else None

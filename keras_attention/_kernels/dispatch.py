@@ -21,7 +21,6 @@ import keras
 from keras import ops
 
 from keras_attention import _core
-from keras_attention import distribution as context_parallel
 from keras_attention._kernels import backends
 from keras_attention._kernels import runtime
 from keras_attention._kernels.blockwise import chunked_attention
@@ -275,8 +274,9 @@ def attention(
         scale = 1.0 / math.sqrt(query.shape[-1])
     if mask is not None:
         mask = _core.expand_mask(mask, len(query.shape))  # the weights' rank
-    distribution = context_parallel.active()
+    distribution = runtime.context_parallel()
     if distribution is not None:
+        # Imported here: it is written in JAX, the only backend with one.
         from keras_attention._kernels import context
 
         if context.refusal(structure, return_weights) is None:

@@ -12,7 +12,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attention import distribution as context_parallel
 from keras_attention._core.mods import Chained
 from keras_attention._core.mods import Positioned
 from keras_attention._kernels import dispatch
@@ -31,7 +30,8 @@ class Explanation:
     """Which path a call of attention takes, and why.
 
     Attributes:
-        path: str. `"fused"`, `"chunked"` or `"reference"`.
+        path: str. `"fused"`, `"chunked"`, `"reference"`, or
+            `"context_parallel"` under `distribution.ContextParallel`.
         refused: dict. For each faster path not taken, the reason.
         structure: str. How the causal, window and segment structure is
             applied on that path.
@@ -60,8 +60,9 @@ class Explanation:
 def explain_call(query, key, value, mask, structure, weights, reason=None):
     """The `Explanation` of one call; `reason`, if given, is why the
     weights are needed (it replaces the generic one)."""
-    distribution = context_parallel.active()
+    distribution = runtime.context_parallel()
     if distribution is not None:
+        # Imported here: it is written in JAX, the only backend with one.
         from keras_attention._kernels import context
 
         why = context.refusal(structure, weights)
@@ -83,7 +84,7 @@ def explain_call(query, key, value, mask, structure, weights, reason=None):
 
 def _context_parallel(query, key, value, structure, distribution):
     """The `Explanation` of a call under `ContextParallel`."""
-    from keras_attention._kernels import context
+    from keras_attention._kernels import context  # JAX only, as above
 
     sharding, reasons = context.plan(query, key, value, structure, distribution)
     visited = context.visited_chunks(

@@ -1,12 +1,23 @@
 """The pieces of running programs that depend on the backend: gradient
-recording, whole-program compilation, scans, and reading a dimension or
-an index that may be traced. Each asks the backend's primitives."""
+recording, whole-program compilation, scans, reading a dimension or an
+index that may be traced, and the distribution in effect. Each asks the
+backend's primitives."""
 
 import keras
 import numpy as np
 
 from keras_attention._core import static_dim as static_dim
 from keras_attention._kernels import backends
+from keras_attention.distribution import ContextParallel
+
+
+def context_parallel():
+    """The `ContextParallel` distribution in effect, or `None` (always on
+    backends other than JAX, where Keras has no distributions)."""
+    if keras.backend.backend() != "jax":
+        return None
+    distribution = keras.distribution.distribution()
+    return distribution if isinstance(distribution, ContextParallel) else None
 
 
 def without_gradients():

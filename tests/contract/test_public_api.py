@@ -17,6 +17,7 @@ import keras_attention
 from keras_attention import convert
 from keras_attention import datasets
 from keras_attention import decoding
+from keras_attention import distribution
 from keras_attention import functional
 from keras_attention import mods
 from keras_attention import visualization
@@ -106,6 +107,8 @@ DOCTESTED_MODULES = [
     convert,
     functional,
     mods,
+    # ContextParallel is JAX's: its constructor refuses the other backends.
+    *([distribution] if keras.backend.backend() == "jax" else []),
     decoding,
     visualization,
     datasets.builtin,

@@ -24,7 +24,7 @@ from keras_attention.functional import scaled_dot_product_attention
 B, T, N, K, H, D = 2, 32, 4, 2, 8, 16  # T: a multiple of 2 x 8 devices
 
 
-def mesh(batch, sequence):
+def mesh_of(batch, sequence):
     devices = keras.distribution.list_devices()[: batch * sequence]
     return keras.distribution.DeviceMesh(
         (batch, sequence), ("batch", "sequence"), devices
@@ -63,6 +63,15 @@ FUNCTIONAL_CASES = {
     "soft_cap": {"logit_soft_cap": 3.0},
     "prefix_lm_mod": {"mask_mod": mods.prefix_lm(np.array([5, 20]))},
     "own_mod": {"mask_mod": lambda b, h, q, k: (q + 2 * k + h + b) % 3 != 0},
+    "own_mod_causal": {
+        "mask_mod": lambda b, h, q, k: (q + 2 * k + h + b) % 3 != 0,
+        "is_causal": True,
+    },
+    "prefix_lm_mod_window_segments": {
+        "mask_mod": mods.prefix_lm(np.array([5, 20])),
+        "sliding_window": (4, 4),
+        "segment_ids": segment_ids(),
+    },
     "sinks_or_window_mod": {
         "mask_mod": mods.or_masks(mods.sink_tokens(2), mods.sliding_window(3))
     },
@@ -128,10 +137,10 @@ def functional_differences(distribution, exchanges):
     cases = dict(FUNCTIONAL_CASES)
     found = {}
     for exchange, block in exchanges:
-        context.ALL_GATHER_MAX_BYTES = (
+        context.sharding.ALL_GATHER_MAX_BYTES = (
             1 << 40 if exchange == "all_gather" else 0
         )
-        context.BLOCK = block
+        context.blocks.BLOCK = block
         for name, arguments in cases.items():
             fn = with_gradients(
                 lambda q, k, v, a=arguments: scaled_dot_product_attention(
@@ -149,11 +158,13 @@ def functional_differences(distribution, exchanges):
         found[f"{exchange}/single_head_causal"] = on_both(
             single, (query, key, value), distribution
         )
-    context.ALL_GATHER_MAX_BYTES, context.BLOCK = EXCHANGE_DEFAULTS
+    context.sharding.ALL_GATHER_MAX_BYTES, context.blocks.BLOCK = (
+        EXCHANGE_DEFAULTS
+    )
     return found
 
 
-EXCHANGE_DEFAULTS = context.ALL_GATHER_MAX_BYTES, context.BLOCK
+EXCHANGE_DEFAULTS = context.sharding.ALL_GATHER_MAX_BYTES, context.blocks.BLOCK
 
 
 def layer_cases():
@@ -195,7 +206,9 @@ def layer_differences(distribution, exchange):
     """Outputs and the gradients of the inputs and of every trainable
     weight, with the attention on one device and under `distribution`,
     keys and values exchanged by `exchange`."""
-    context.ALL_GATHER_MAX_BYTES = 1 << 40 if exchange == "all_gather" else 0
+    context.sharding.ALL_GATHER_MAX_BYTES = (
+        1 << 40 if exchange == "all_gather" else 0
+    )
     found = {}
     inputs = random((B, T, D), 3)
     for name, layer, arguments in layer_cases():
@@ -214,7 +227,7 @@ def layer_differences(distribution, exchange):
         found[name] = on_both(
             with_gradients(call), (inputs, trainable, floats), distribution
         )
-    context.ALL_GATHER_MAX_BYTES = EXCHANGE_DEFAULTS[0]
+    context.sharding.ALL_GATHER_MAX_BYTES = EXCHANGE_DEFAULTS[0]
     return found
 
 
@@ -260,10 +273,10 @@ def memory(length=65536, heads=4, depth=32):
     fn = with_gradients(
         lambda q, k, v: scaled_dot_product_attention(q, k, v, is_causal=True)
     )
-    context.ALL_GATHER_MAX_BYTES = 0
+    context.sharding.ALL_GATHER_MAX_BYTES = 0
     found = {}
     for devices in (1, 2, 4, 8):
-        with ContextParallel(mesh(1, devices)).scope():
+        with ContextParallel(mesh_of(1, devices)).scope():
             compiled = (
                 jax.jit(lambda *a: fn(*a)).lower(query, query, query).compile()
             )
@@ -315,39 +328,53 @@ def refusal(distribution):
 
 
 def balance():
-    """Visited chunk pairs per device for causal attention, zig-zag and
-    contiguous, on 8 devices, from the plan."""
+    """Visited chunk pairs per device on 8 devices, from the plan: for
+    causal attention in the zig-zag and the contiguous order, and for a
+    causal window in the order the layout chooses and the other."""
     from keras_attention._core import Structure
 
-    structure = Structure.from_args(
-        where="balance", query_length=8192, key_length=8192, is_causal=True
-    )
-    distribution = ContextParallel(mesh(1, 8))
+    length = 8192
+    mesh = ContextParallel(mesh_of(1, 8)).device_mesh.backend_mesh
     found = {}
-    for zigzag in (True, False):
-        sharding = context.Sharding(
-            distribution.device_mesh.backend_mesh, "batch", "sequence",
-            zigzag, True,
+    for name, arguments in (
+        ("causal", {"is_causal": True}),
+        ("window", {"is_causal": True, "sliding_window": length // 2}),
+    ):
+        structure = Structure.from_args(
+            where="balance", query_length=length, key_length=length,
+            **arguments,
         )  # fmt: skip
-        counts = context.visited_chunks(sharding, structure, 8192, 8192)
-        found["zigzag" if zigzag else "contiguous"] = counts.tolist()
+        shapes = {"batch": 1, "query_length": length, "key_length": length,
+                  "kv_heads": 1, "head_dims": (8, 8)}  # fmt: skip
+        chosen, _ = context.sharding.layout(
+            structure, shapes, mesh, "batch", "sequence"
+        )
+        for zigzag in (True, False):
+            sharding = context.Sharding(mesh, "batch", "sequence", zigzag, True)
+            counts = context.visited_chunks(sharding, structure, length, length)
+            order = "chosen" if zigzag == chosen.zigzag else "other"
+            found[f"{name}/{order}"] = counts.tolist()
+            found[f"{name}/{'zigzag' if zigzag else 'contiguous'}"] = (
+                counts.tolist()
+            )
     return found
 
 
 MESHES = {
     # (batch, sequence): the checks run on that mesh.
     (1, 8): {
+        # Blocks of 1 row inside the chunks of 2: the nested loops.
         "functional": lambda d: functional_differences(
-            d, [("ring", EXCHANGE_DEFAULTS[1])]),
+            d, [("ring", 1)]),
         "layers": lambda d: layer_differences(d, "ring"),
         "refusal": refusal,
         "balance": lambda d: balance(),
         "memory": lambda d: memory(),
     },
     (2, 4): {
-        # Blocks of 2 rows inside the chunks of 4: the nested loops
-        # (shared by both exchanges).
-        "functional": lambda d: functional_differences(d, [("all_gather", 2)]),
+        # Blocks of 3 rows inside the chunks of 4: the last block
+        # overlaps the one before.
+        "functional": lambda d: functional_differences(d, [("all_gather", 3)]),
         "layers": lambda d: layer_differences(d, "all_gather"),
         "fit": fit_differences,
         "tensor_parallel": lambda d: tensor_parallel_difference(),
@@ -357,7 +384,7 @@ MESHES = {
 
 def main():
     batch, sequence = int(sys.argv[1]), int(sys.argv[2])
-    distribution = ContextParallel(mesh(batch, sequence))
+    distribution = ContextParallel(mesh_of(batch, sequence))
     checks = MESHES[batch, sequence]
     print(json.dumps({name: run(distribution) for name, run in checks.items()}))
 

@@ -105,7 +105,7 @@ def test_a_length_the_mesh_does_not_divide_is_refused(results):
     assert message is not None
     assert "scaled_dot_product_attention" in message
     assert "multiple of 2 x 8" in message
-    assert "Received: query length 20" in message
+    assert "Received: query_length=20" in message
 
 
 @jax_only
@@ -115,24 +115,41 @@ def test_causal_work_is_balanced(results):
     would do ten times the first one's work)."""
     balance = results[1, 8]["balance"]
     zigzag, contiguous = (
-        np.array(balance[k]) for k in ("zigzag", "contiguous")
+        np.array(balance[f"causal/{k}"]) for k in ("zigzag", "contiguous")
     )
     assert zigzag.max() <= 1.2 * zigzag.mean()
     assert zigzag.sum() == contiguous.sum()  # the same pairs, redistributed
     assert contiguous.max() > 1.2 * contiguous.mean()
+    assert balance["causal/chosen"] == balance["causal/zigzag"]
+
+
+@jax_only
+def test_the_layout_takes_the_better_balanced_order(results):
+    """For a causal window of T/2 the order is chosen from the plan: its
+    busiest device visits no more chunk pairs, over the mean, than the
+    other order's."""
+    balance = results[1, 8]["balance"]
+    chosen, other = (
+        np.array(balance[f"window/{k}"]) for k in ("chosen", "other")
+    )
+    assert chosen.max() / chosen.mean() <= other.max() / other.mean()
 
 
 @jax_only
 def test_memory_per_device_falls_with_the_devices(results):
     """From the compiled training step's memory analysis (T = 65536):
     the inputs and outputs per device halve with each doubling of the
-    devices (to a few bytes of scalars); temporaries and all fall too."""
+    devices (to a few bytes of scalars); from 2 devices on, the whole
+    step does nearly so (the ring's buffers in flight appear at 2), and
+    8 devices hold under a quarter of what one does."""
     memory = {int(p): figures for p, figures in results[1, 8]["memory"].items()}
+    total = {p: sum(figures) for p, figures in memory.items()}
     for devices in (2, 4, 8):
-        temporaries, arguments = memory[devices]
-        assert arguments * 2 == pytest.approx(memory[devices // 2][1], rel=1e-6)
-        total, previous = temporaries + arguments, sum(memory[devices // 2])
-        assert total <= 0.7 * previous, (devices, total, previous)
+        arguments, previous = memory[devices][1], memory[devices // 2][1]
+        assert arguments * 2 == pytest.approx(previous, rel=1e-6)
+    for devices in (4, 8):
+        assert total[devices] <= 0.6 * total[devices // 2], total
+    assert total[8] <= 0.25 * total[1], total
 
 
 @pytest.mark.skipif(BACKEND == "jax", reason="refused on the other backends")
