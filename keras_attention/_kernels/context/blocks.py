@@ -107,12 +107,13 @@ class Step:
 
 
 def tiling(rows):
-    """`(count, size)`: a chunk of `rows` rows in blocks of `size =
-    min(rows, BLOCK)`. Where `size` does not divide `rows`, the last
-    block starts at `rows - size`, and its rows that the block before
-    covered are left out of it (`fresh`)."""
-    size = min(rows, BLOCK)
-    return -(-rows // size), size
+    """`(count, size)`: a chunk of `rows` rows in `count = ceil(rows /
+    BLOCK)` blocks of equal `size`, as few rows over `rows` as can be.
+    Where `size` does not divide `rows`, the last block starts at
+    `rows - size`, and its rows that the block before covered are left
+    out of it (`fresh`)."""
+    count = -(-rows // BLOCK)
+    return count, -(-rows // count)
 
 
 def _start(index, size, rows):

@@ -35,19 +35,37 @@ def random(shape, seed, dtype="float32"):
     return np.random.default_rng(seed).normal(size=shape).astype(dtype)
 
 
-def segment_ids():
+def segment_ids(length=T):
     """Three packed documents in row 0 whose borders fall inside shards
     (T / 8 = 4 rows per device), one in row 1 with padding (id 0)."""
-    ids = np.zeros((B, T), "int32")
+    ids = np.zeros((B, length), "int32")
     ids[0, :7], ids[0, 7:22], ids[0, 22:] = 1, 2, 3
-    ids[1, :27] = 1
+    ids[1, : length - 5] = 1
     return ids
 
 
-def padding():
-    mask = np.ones((B, T), bool)
+def padding(length=T):
+    mask = np.ones((B, length), bool)
     mask[1, 21:] = False
     return mask
+
+
+def functional_cases(length):
+    """The structures the functional checks take, for `length` tokens."""
+    return {
+        **FUNCTIONAL_CASES,
+        "segments": {"segment_ids": segment_ids(length)},
+        "causal_segments": {
+            "is_causal": True,
+            "segment_ids": segment_ids(length),
+        },
+        "padding": {"mask": padding(length)[:, None, None, :]},
+        "prefix_lm_mod_window_segments": {
+            "mask_mod": mods.prefix_lm(np.array([5, 20])),
+            "sliding_window": (4, 4),
+            "segment_ids": segment_ids(length),
+        },
+    }
 
 
 FUNCTIONAL_CASES = {
@@ -128,13 +146,15 @@ def jnp_sum(x):
     return jax.numpy.sum(x)
 
 
-def functional_differences(distribution, exchanges):
+def functional_differences(distribution, exchanges, length=T):
     """Every structure on each exchange of `exchanges` (`(name, block
     rows)`: "all_gather" or "ring", and the rows of the blocks inside a
-    chunk pair), with the gradients of the query, key and value."""
-    query = random((B, T, N, H), 0)
-    key, value = random((B, T, K, H), 1), random((B, T, K, H), 2)
-    cases = dict(FUNCTIONAL_CASES)
+    chunk pair), with the gradients of the query, key and value, for
+    `length` tokens."""
+    query = random((B, length, N, H), 0)
+    key = random((B, length, K, H), 1)
+    value = random((B, length, K, H), 2)
+    cases = functional_cases(length)
     found = {}
     for exchange, block in exchanges:
         context.sharding.ALL_GATHER_MAX_BYTES = (
@@ -372,9 +392,10 @@ MESHES = {
         "memory": lambda d: memory(),
     },
     (2, 4): {
-        # Blocks of 3 rows inside the chunks of 4: the last block
-        # overlaps the one before.
-        "functional": lambda d: functional_differences(d, [("all_gather", 3)]),
+        # T = 40: chunks of 5 rows in 2 blocks of 3, the last one
+        # overlapping the one before.
+        "functional": lambda d: functional_differences(
+            d, [("all_gather", 3)], length=40),
         "layers": lambda d: layer_differences(d, "all_gather"),
         "fit": fit_differences,
         "tensor_parallel": lambda d: tensor_parallel_difference(),
