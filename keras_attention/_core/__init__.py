@@ -26,6 +26,7 @@ from keras_attention._core.reference import attend as attend
 from keras_attention._core.reference import (
     attention_weights as attention_weights,
 )
+from keras_attention._core.reference import grouped_logits as grouped_logits
 from keras_attention._core.reference import reference as reference
 from keras_attention._core.reference import (
     reference_weights as reference_weights,

@@ -124,7 +124,7 @@ def attention_weights(
     if len(query.shape) == 3:
         logits = ops.einsum("bth,bsh->bts", query, key)  # (B, T, S)
     else:
-        logits = _grouped_logits(query, key)  # (B, N, T, S)
+        logits = grouped_logits(query, key)  # (B, N, T, S)
         if mask is not None:
             mask = expand_mask(mask, 4)  # (B|1, N|1, T, S)
     if score_fn is not None:
@@ -174,8 +174,9 @@ def attend(weights, value):
     )  # (B, T, N, V)
 
 
-def _grouped_logits(query, key):
-    """`q kᵀ` for 4-D inputs, with grouped-query heads when `K < N`."""
+def grouped_logits(query, key):
+    """`q kᵀ` for 4-D inputs `(B, T, N, H)` and `(B, S, K, H)`, with
+    grouped-query heads when `K < N`: `(B, N, T, S)`."""
     batch, query_length, num_heads, head_dim = ops.shape(query)
     num_kv_heads = key.shape[2]
     if num_heads == num_kv_heads:

@@ -18,6 +18,8 @@ import jax
 from jax import lax
 from jax import numpy as jnp
 
+from keras_attention._core import attend
+from keras_attention._core import grouped_logits
 from keras_attention._core.builtins import segments_visible
 from keras_attention._core.mods import visible as mod_visible
 from keras_attention._kernels.context.sharding import reached
@@ -37,14 +39,9 @@ class Step:
     def logits(self, query, key, query_pos, key_pos):
         """Scaled (capped, biased) float32 logits `(b, N, R, C)` of
         `query` `(b, R, N, H)` on `key` `(b, C, K, H)`."""
-        batch, rows, heads, depth = query.shape
-        kv_heads = key.shape[2]
+        heads = query.shape[2]
         query = query.astype("float32") * self.scale
-        grouped = query.reshape(batch, rows, kv_heads, heads // kv_heads, depth)
-        logits = jnp.einsum(
-            "brkgh,bckh->bkgrc", grouped, key.astype("float32")
-        )  # (b, K, G, R, C)
-        logits = logits.reshape(batch, heads, rows, key.shape[1])
+        logits = grouped_logits(query, key.astype("float32"))  # (b, N, R, C)
         structure = self.structure
         if structure.soft_cap is not None:
             logits = structure.soft_cap * jnp.tanh(logits / structure.soft_cap)
@@ -267,21 +264,10 @@ def _merge(output, lse, logits, value):
     finite = jnp.isfinite(new_lse)
     safe = jnp.where(finite, new_lse, 0.0)
     weights = jnp.where(finite[..., None], jnp.exp(logits - safe[..., None]), 0)
-    part = _attend(weights, value)  # (b, R, N, V)
+    part = attend(weights, value.astype("float32"))  # (b, R, N, V)
     keep = jnp.where(finite, jnp.exp(lse - safe), 0.0)  # (b, N, R)
     output = output * jnp.transpose(keep, (0, 2, 1))[..., None] + part
     return output, new_lse
-
-
-def _attend(weights, value):
-    """`Σ_c weights[r, c] value[c]` with grouped heads: `(b, R, N, V)`."""
-    batch, heads, rows, length = weights.shape
-    kv_heads = value.shape[2]
-    weights = weights.reshape(batch, kv_heads, heads // kv_heads, rows, length)
-    output = jnp.einsum(
-        "bkgrc,bckv->brkgv", weights, value.astype("float32")
-    )  # (b, R, K, G, V)
-    return output.reshape(batch, rows, heads, value.shape[3])
 
 
 def _block_grads(logits, pullback, value, grad, lse, delta):
@@ -290,15 +276,9 @@ def _block_grads(logits, pullback, value, grad, lse, delta):
     finite = jnp.isfinite(lse)
     safe = jnp.where(finite, lse, 0.0)
     weights = jnp.where(finite[..., None], jnp.exp(logits - safe[..., None]), 0)
-    batch, heads, rows, keys = weights.shape
-    kv_heads = value.shape[2]
-    groups = heads // kv_heads
-    grouped = weights.reshape(batch, kv_heads, groups, rows, keys)
-    grad = grad.reshape(batch, rows, kv_heads, groups, -1)  # (b, R, K, G, V)
-    grad_value = jnp.einsum("bkgrc,brkgv->bckv", grouped, grad)  # (b, C, K, V)
-    grad_weights = jnp.einsum(
-        "brkgv,bckv->bkgrc", grad, value.astype("float32")
-    ).reshape(weights.shape)  # (b, N, R, C)
+    # The weighted sum's own gradient: (b, N, R, C) and (b, C, K, V).
+    _, attend_pullback = jax.vjp(attend, weights, value.astype("float32"))
+    grad_weights, grad_value = attend_pullback(grad)
     grad_logits = weights * (grad_weights - delta[..., None])
     grad_query, grad_key = pullback(grad_logits)
     return grad_query, grad_key, grad_value

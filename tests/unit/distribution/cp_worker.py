@@ -267,6 +267,7 @@ def fit_differences(distribution):
             N, 32, key_dim=H, num_key_value_heads=K, use_rotary=True
         )(x)
         model = keras.Model(inputs, keras.layers.Dense(vocabulary)(x))
+        initial = [np.asarray(w) for w in model.get_weights()]
         model.compile(
             optimizer=keras.optimizers.Adam(0.01),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -276,13 +277,21 @@ def fit_differences(distribution):
             shuffle=False, verbose=0,
         )  # fmt: skip
         weights = [np.asarray(w) for w in model.get_weights()]
-        return history.history["loss"], weights
+        return history.history["loss"], weights, initial
 
     alone = fitted()
     before = len(CALLS)
     with distribution.scope():
         shared = fitted()
-    return [largest_difference(alone, shared), len(CALLS) - before]
+    *trained, initial = shared
+    unmoved = sum(
+        np.array_equal(a, b) for a, b in zip(initial, trained[1], strict=True)
+    )
+    return [
+        largest_difference(alone[:2], trained),
+        len(CALLS) - before,
+        int(unmoved),
+    ]
 
 
 def memory(length=65536, heads=4, depth=32):

@@ -91,7 +91,9 @@ def test_layers_match_one_device(results, mesh):
 
 @jax_only
 def test_fit_gives_the_one_device_losses_and_weights(results):
-    assert_matches({"fit": results[2, 4]["fit"]})
+    difference, calls, unmoved = results[2, 4]["fit"]
+    assert_matches({"fit": [difference, calls]})
+    assert unmoved == 0, "every trainable weight moves under the distribution"
 
 
 @jax_only
