@@ -207,6 +207,7 @@ def evaluate(translator, tests):
 
 def main(argv=None):
     args = parse_args(argv)
+    from examples.backend import publish
     from examples.backend import select_backend
 
     select_backend(args.backend)
@@ -285,6 +286,10 @@ def main(argv=None):
         f"\nwrote {output / 'results.json'} and "
         f"{output / 'alignment_study.png'}"
     )
+    name = "alignment-study"
+    if list(args.mechanisms) != list(MECHANISMS):
+        name += "-" + "-".join(args.mechanisms)
+    publish(name, table, args)
     return table
 
 
@@ -293,6 +298,8 @@ def plot(table, length, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from keras_attention.visualization import save_figure
 
     figure, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     columns = {
@@ -322,7 +329,7 @@ def plot(table, length, path):
         "exact match and alignment by length"
     )
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path, dpi=110)
     plt.close(figure)
 
 
@@ -337,6 +344,7 @@ def plot_heatmap(pair, greedy, weights, title, path):
     import matplotlib.pyplot as plt
 
     from keras_attention.visualization import plot_attention
+    from keras_attention.visualization import save_figure
 
     rows = len(pair.target) + 1  # with <end>
     exact = greedy == "".join(pair.target)
@@ -366,7 +374,7 @@ def plot_heatmap(pair, greedy, weights, title, path):
         label="reference",
     )
     ax.legend(loc="upper right", fontsize=7)
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path, dpi=110)
     plt.close(figure)
 
 

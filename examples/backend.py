@@ -1,10 +1,20 @@
-"""Backend selection shared by the example scripts, run before Keras loads.
+"""Backend selection shared by the example scripts, run before Keras loads,
+and the record of a full run's results.
 
 KERAS_BACKEND is read once, when keras is first imported, so a script's
 `--backend` must be applied before that.
 """
 
+import json
 import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+# The scripts import this module first: their wall time counts from here.
+STARTED = time.perf_counter()
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def select_backend(name=None):
@@ -16,3 +26,30 @@ def select_backend(name=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if os.environ.get("KERAS_BACKEND") == "torch":
         import torch  # noqa: F401
+
+
+def publish(name, summary, args):
+    """Writes a full run's `summary` to `examples/results/<name>.json`, with
+    the run's arguments, wall time and versions: the figures the examples'
+    pages quote come from these files. A `--smoke` run writes nothing."""
+    if getattr(args, "smoke", False):
+        return None
+    import keras
+
+    record = {
+        "script": Path(sys.argv[0]).name,
+        "arguments": {
+            k: v for k, v in sorted(vars(args).items()) if k != "output"
+        },
+        "wall_seconds": round(time.perf_counter() - STARTED, 1),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "keras": keras.__version__,
+        "backend": keras.backend.backend(),
+        "summary": summary,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"results: {path}")
+    return path

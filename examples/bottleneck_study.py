@@ -55,6 +55,7 @@ def bucket_edges(lengths, buckets):
 
 def main(argv=None):
     args = parse_args(argv)
+    from examples.backend import publish
     from examples.backend import select_backend
 
     select_backend(args.backend)
@@ -143,6 +144,7 @@ def main(argv=None):
     (output / "results.json").write_text(json.dumps(table, indent=2))
     plot(table, output / "bottleneck.png")
     print(f"\nwrote {output / 'results.json'} and {output / 'bottleneck.png'}")
+    publish("bottleneck-study", table, args)
     return table
 
 
@@ -151,6 +153,8 @@ def plot(table, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from keras_attention.visualization import save_figure
 
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for variant, rows in table.items():
@@ -167,7 +171,7 @@ def plot(table, path):
     axes[0].legend()
     figure.suptitle("German -> English number words: the bottleneck by length")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path, dpi=110)
     plt.close(figure)
 
 

@@ -397,6 +397,8 @@ def engine_and_devices(backend, args):
 
 
 def main(argv=None):
+    from examples.backend import publish
+
     args = parse_args(argv)
     if args.backend:
         os.environ["KERAS_BACKEND"] = args.backend
@@ -447,7 +449,13 @@ def main(argv=None):
     ok = True
     for job in jobs:
         _, base_losses, base_weights, seconds = train(job, args)
-        runs = {"single device": {"seconds": round(seconds, 2)}}
+        runs = {
+            "single device": {
+                "seconds": round(seconds, 2),
+                "first_loss": float(base_losses[0]),
+                "last_loss": float(base_losses[-1]),
+            }
+        }
         print(
             f"\n{job['name']}: {args.steps} steps of {args.batch_size} "
             f"examples; single device: loss {base_losses[0]:.4f} -> "
@@ -464,6 +472,8 @@ def main(argv=None):
             weight_difference = largest_difference(weights, base_weights)
             runs[label] = {
                 "seconds": round(seconds, 2),
+                "first_loss": float(losses[0]),
+                "last_loss": float(losses[-1]),
                 "max_loss_difference": loss_difference,
                 "max_weight_difference": weight_difference,
                 "sharded_variables": len(sharded),
@@ -488,6 +498,7 @@ def main(argv=None):
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(summary, indent=2))
     print("RESULT " + json.dumps(summary))
+    publish(f"distributed-{backend}", summary, args)
     return summary
 
 

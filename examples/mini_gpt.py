@@ -517,6 +517,7 @@ def text(ids):
 
 def main(argv=None):
     args = parse_args(argv)
+    from examples.backend import publish
     from examples.backend import select_backend
 
     select_backend(args.backend)
@@ -711,6 +712,7 @@ def main(argv=None):
     }
     (output / "results.json").write_text(json.dumps(summary, indent=2))
     print("RESULT " + json.dumps(summary))
+    publish(name, summary, args)
     return summary
 
 

@@ -54,6 +54,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    from examples.backend import publish
     from examples.backend import select_backend
 
     select_backend(args.backend)
@@ -123,6 +124,16 @@ def main(argv=None):
         f"{sample_sources[0]!r} -> {reloaded.greedy(sample_sources[:1])[0]!r}"
         f" ({'identical' if same else 'DIFFERENT'} to the trained model)"
     )
+    summary = {
+        "data": corpus.name,
+        "attention": args.attention,
+        "train_pairs": len(corpus.train),
+        "test_pairs": len(corpus.test),
+        "train_seconds": round(train_seconds, 1),
+        "results": results,
+        "reloaded_identical": same,
+    }
+    publish(f"nmt-rnn-{corpus.name}-{args.attention}", summary, args)
     return results, same
 
 

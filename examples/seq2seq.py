@@ -145,6 +145,7 @@ class TranslatorBase:
 
     def plot(self, source, path):
         from keras_attention.visualization import plot_attention
+        from keras_attention.visualization import save_figure
 
         target_tokens, weights = self.alignment(source)
         source_tokens = self.source_vocab.split(source)
@@ -154,7 +155,7 @@ class TranslatorBase:
             target_tokens,
             title=f"{source} -> {''.join(target_tokens[:-1])}",
         )
-        figure.savefig(path, dpi=110)
+        save_figure(figure, path, dpi=110)
         import matplotlib.pyplot as plt
 
         plt.close(figure)
@@ -407,6 +408,7 @@ class TransformerTranslator(TranslatorBase):
         import matplotlib.pyplot as plt
 
         from keras_attention.visualization import plot_attention
+        from keras_attention.visualization import save_figure
 
         target_tokens, weights = self.cross_attention(source, translation)
         source_tokens = self.source_vocab.split(source)
@@ -422,6 +424,6 @@ class TransformerTranslator(TranslatorBase):
                 f"decoder block {i} (cross-attention, mean over heads)",
             )
             paths.append(path.with_name(f"{path.stem}_block{i}{path.suffix}"))
-            figure.savefig(paths[-1], dpi=110)
+            save_figure(figure, paths[-1], dpi=110)
             plt.close(figure)
         return paths

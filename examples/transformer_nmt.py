@@ -91,6 +91,7 @@ def decode_test_set(translator, pairs, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    from examples.backend import publish
     from examples.backend import select_backend
 
     select_backend(args.backend)
@@ -204,6 +205,7 @@ def main(argv=None):
     }
     (output / "results.json").write_text(json.dumps(summary, indent=2))
     print("RESULT " + json.dumps(summary))
+    publish(f"transformer-nmt-{corpus.name}-{args.positions}", summary, args)
     return summary
 
 

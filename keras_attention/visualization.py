@@ -85,7 +85,8 @@ def plot_attention(
         width, height = figure.get_size_inches()
         cell_x, cell_y = box.width * width / cols, box.height * height / rows
     image = ax.imshow(weights, cmap="viridis", vmin=0.0, aspect="auto")
-    figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    colorbar = figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    colorbar.set_label("attention weight")
     if source_tokens is not None:
         _label_ticks(ax.set_xticks, source_tokens, cell_x, rotation=60,
                      ha="right")  # fmt: skip
@@ -97,6 +98,33 @@ def plot_attention(
         ax.set_title(title)
     figure.tight_layout()
     return figure
+
+
+def save_figure(figure, path, **kwargs):
+    """Saves a Matplotlib `figure` as a PNG that says what its keys show.
+
+    The PNG's `Legend` text entry lists the entries of every legend and
+    the label of every colour bar in the figure (empty when it has none),
+    so that a reader of the file, or a test over a documentation site's
+    images, can tell which colour means what without opening the figure.
+
+    Args:
+        figure (matplotlib.figure.Figure): The figure to save.
+        path (str | os.PathLike): Where to write the PNG.
+        **kwargs: Passed on to `figure.savefig` (`dpi`, `bbox_inches`).
+    """
+    keys = []
+    for legend in [*figure.legends, *(ax.get_legend() for ax in figure.axes)]:
+        if legend is not None:
+            entries = ", ".join(text.get_text() for text in legend.get_texts())
+            keys.append(f"legend: {entries}")
+    for ax in figure.axes:
+        colorbar = getattr(ax, "_colorbar", None)
+        if colorbar is not None:
+            label = colorbar.ax.get_ylabel() or colorbar.ax.get_xlabel()
+            keys.append(f"colour bar: {label}" if label else "colour bar")
+    figure.savefig(path, format="png", metadata={"Legend": "; ".join(keys)},
+                   **kwargs)  # fmt: skip
 
 
 def _label_ticks(set_ticks, tokens, cell, **kwargs):
