@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from keras_attention.visualization import save_figure  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"
@@ -121,7 +123,7 @@ def plot_layers(results):
     ax.legend()
     figure.tight_layout()
     FIGURES.mkdir(parents=True, exist_ok=True)
-    figure.savefig(FIGURES / "layers.png", dpi=120)
+    save_figure(figure, FIGURES / "layers.png", dpi=120)
     plt.close(figure)
 
 

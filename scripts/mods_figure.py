@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from keras_attention import mods  # noqa: E402
+from keras_attention.visualization import save_figure  # noqa: E402
 
 N = 12
 IDS = np.array([[1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 0, 0]])
@@ -90,7 +91,7 @@ def main():
     figure.tight_layout(rect=(0, 0.04, 1, 1))
     out = pathlib.Path(__file__).parents[1] / "docs/assets/concepts"
     out.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out / "mods_masks.png", dpi=80)
+    save_figure(figure, out / "mods_masks.png", dpi=80)
     print("wrote", out / "mods_masks.png")
 
 

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from keras_attention import functional  # noqa: E402
+from keras_attention.visualization import save_figure  # noqa: E402
 
 IDS = [[1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 0, 0]]
 PANELS = [
@@ -64,7 +65,7 @@ def main():
     )
     out = pathlib.Path(__file__).parents[1] / "docs/assets/concepts"
     out.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out / "structure_masks.png", dpi=90)
+    save_figure(figure, out / "structure_masks.png", dpi=90)
     print("wrote", out / "structure_masks.png")
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import keras
 import pytest
+from PIL import Image
+from PIL import PngImagePlugin
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,8 +174,9 @@ MAX_PAGE_HEIGHT = 24_000
 # text outside code, tables and display equations wider than the content
 # column with no scroll bar, large images shown small with no link to
 # them, identifiers in tables broken inside a word (between two word
-# characters), a page taller than MAX_PAGE_HEIGHT; and its links and
-# ids, which `audit` checks against the site.
+# characters), a page taller than MAX_PAGE_HEIGHT; and its links, ids
+# and images, which `audit` checks against the site (a PNG figure must
+# say what its colours mean: see `unexplained_figure`).
 AUDIT_JS = r"""
 async (maxHeight) => {
   const clip = (text) => text.replace(/\s+/g, " ").trim().slice(0, 60);
@@ -274,7 +277,8 @@ async (maxHeight) => {
     (a) => new URL(a.getAttribute("href"), document.baseURI).href);
   const ids = [...document.querySelectorAll("[id], a[name]")].map(
     (el) => el.id || el.getAttribute("name"));
-  return { found, links, ids };
+  const figures = images.map((img) => img.currentSrc || img.src);
+  return { found, links, ids, figures };
 }
 """
 
@@ -321,6 +325,11 @@ def audit(site, browser, tabs=4):
                     if not is_local(url)
                 ]
                 links[page] = result["links"]
+                defects += [
+                    (page, "legend", problem)
+                    for url in dict.fromkeys(result["figures"])
+                    if (problem := unexplained_figure(site, url, address))
+                ]
                 ids[site / page[1:] / "index.html"] = set(result["ids"])
         context.close()
     bases = [b for b in (address + "/", site_url(site)) if b]
@@ -344,6 +353,23 @@ def open_tab(context, url):
     tab.on("websocket", lambda socket: requested.append(socket.url))
     tab.goto(url, wait_until="commit")
     return tab, requested
+
+
+def unexplained_figure(site, url, address):
+    """Why a PNG figure of the site does not say what its colours mean, or
+    None if it does. `keras_attention.visualization.save_figure` writes
+    the figure's legends and colour bars into the PNG's `Legend` text
+    entry; a figure saved without a legend or a colour bar has it empty."""
+    if not url.startswith(address + "/") or not url.endswith(".png"):
+        return None
+    path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+    with Image.open(site / path.lstrip("/")) as image:
+        legend = image.text.get("Legend")
+    if legend is None:
+        return f"{path} was not saved with save_figure (no Legend entry)"
+    if not legend:
+        return f"{path} has no legend and no colour bar"
+    return None
 
 
 def broken_link(site, url, bases, ids):
@@ -400,6 +426,7 @@ GOOD_BODY = r"""<p>Typeset <span class="katex"><annotation>\(x\)</annotation>
 <div style="overflow-x:auto"><table style="width:900px"><tr><td>scrolls
 </td></tr></table></div>
 <a href="wide.svg"><img src="wide.svg" style="width:100px"></a>
+<img src="keyed.png">
 <a href="bad/#here">anchor</a> <a href="https://example.com/">elsewhere</a>
 <table style="width:120px"><tr><td><code>sliding_window=(left, right)
 --sliding-window</code></td></tr></table>
@@ -411,6 +438,7 @@ BAD_BODY = r"""<link rel="stylesheet" href="https://cdn.example.com/katex.css">
 <div style="overflow:hidden"><div class="katex-display" style="width:900px">
 cut off</div></div>
 <img src="../wide.svg" style="width:100px">
+<img src="../keyed.png"> <img src="../unkeyed.png"> <img src="../plain.png">
 <a href="../missing/">gone</a> <a href="../#nowhere">no anchor</a>
 <table style="width:120px"><tr><td><code style="word-break:break-all">
 MultiHeadSelfAttention</code></td></tr></table>
@@ -418,8 +446,18 @@ MultiHeadSelfAttention</code></td></tr></table>
 """
 
 
+def write_png(path, legend=None):
+    info = PngImagePlugin.PngInfo()
+    if legend is not None:
+        info.add_text("Legend", legend)
+    Image.new("RGB", (40, 30), "white").save(path, pnginfo=info)
+
+
 def test_the_audit_finds_each_kind_of_defect(browser, tmp_path):
     (tmp_path / "wide.svg").write_text(WIDE_SVG)
+    write_png(tmp_path / "keyed.png", "legend: may attend, masked out")
+    write_png(tmp_path / "unkeyed.png", "")
+    write_png(tmp_path / "plain.png")
     (tmp_path / "index.html").write_text(
         PAGE.format(title="good", body=GOOD_BODY)
     )
@@ -440,5 +478,6 @@ def test_the_audit_finds_each_kind_of_defect(browser, tmp_path):
         "image": 1,
         "wrap": 1,
         "height": 1,
+        "legend": 2,
     }
     assert found == {("/bad/", k): n for k, n in expected.items()}, defects
