@@ -9,9 +9,14 @@ results they cite. No benchmark runs here: the JSON results are read.
   precision quoted: a ratio `Nx` (or its inverse: "0.37x the bytes" is a
   2.72x ratio), a percentage, a size in GiB (a MiB cell / 1024).
 * The README quotes no measured figure: it links to the pages.
+* The examples' pages (`docs/examples/index.md`, `examples/README.md`)
+  quote only numbers recorded by the scripts' full runs in
+  `examples/results/`.
 """
 
 import importlib.util
+import json
+import math
 import re
 from pathlib import Path
 
@@ -118,3 +123,102 @@ def test_the_check_catches_a_figure_not_in_the_tables():
     values = candidates(tables)
     text = "1.3x, 1.26x, 6.3x, 6.25x, 42%, 2.3 GiB, 1.3-2.2x and 0.14x"
     assert unsupported(text, values) == ["1.3-2.2x", "0.14x"]
+
+
+# The examples' pages: every measured number comes from a full run's
+# record in examples/results/ (written by the scripts themselves).
+EXAMPLE_PAGES = ("docs/examples/index.md", "examples/README.md")
+# 99.5%, 6.4x, 94 s, 3.1 min, 314 ms, 108 tokens/s, 4.55, 4.8e-07, 6,948
+NUMBER = re.compile(
+    r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})+|\d+\.\d+e[-+]\d+|\d+(?:\.\d+)?)"
+    r"(?:-(\d+(?:\.\d+)?))?"
+    r"((?:x| ?(?:%|s|min|ms|tokens/s|KB|MB))(?!\w))?"
+    r"(?!\w|\.\d)"
+)
+LINK = re.compile(r"\]\([^)]*\)|!\[[^\]]*\]")
+
+
+def measured(text):
+    """`(quoted, number)` of every figure in `text` outside code and link
+    targets that is a measurement: a number with a decimal point, an
+    exponent, thousands separators or a unit. Small bare integers (2
+    blocks, 8 digits, years of papers) are settings or names."""
+    text = LINK.sub("]", CODE.sub("", text))
+    for match in NUMBER.finditer(text):
+        low, high, unit = match.groups()
+        for number in (low, high):
+            if number is None:
+                continue
+            if unit or high or re.search(r"[.,e]", number):
+                yield match.group(0), number.replace(",", "")
+
+
+def leaves(tree):
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for item in tree:
+            yield from leaves(item)
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        yield float(tree)
+    elif isinstance(tree, str) and re.fullmatch(r"\d+-\d+", tree):
+        yield from map(float, tree.split("-"))  # a bucket, "18-46"
+
+
+def example_values():
+    """Every number of every record, as recorded and as the pages may
+    quote it: a fraction as a percentage, seconds in minutes and
+    milliseconds, bytes in KB and MB, and the ratio of two numbers of the
+    same record (a speed-up)."""
+    values = set()
+    for path in sorted((ROOT / "examples" / "results").glob("*.json")):
+        numbers = set(leaves(json.loads(path.read_text())))
+        values |= numbers
+        for v in numbers:
+            values |= {100 * v, v / 60, 1000 * v, v / 1e3, v / 1e6}
+        values |= {a / b for a in numbers for b in numbers if b}
+    return values
+
+
+def unsupported_examples(text, values):
+    missing = []
+    for quoted, number in measured(text):
+        mantissa = number.split("e")[0]
+        places = len(mantissa.partition(".")[2])
+        target = float(number)
+        if "e" in number:  # 4.8e-07: the same significant digits
+            scale = 10.0 ** math.floor(math.log10(abs(target)))
+            hit = any(
+                v and round(v / scale, places) == round(target / scale, places)
+                for v in values
+            )
+        else:
+            hit = any(round(v + 1e-12, places) == target for v in values)
+        if not hit:
+            missing.append(quoted)
+    return missing
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES)
+def test_example_pages_quote_the_recorded_runs(page):
+    text = (ROOT / page).read_text()
+    assert len(list(measured(text))) > 30
+    assert unsupported_examples(text, example_values()) == []
+
+
+def test_the_example_check_catches_a_figure_not_recorded():
+    values = {0.995, 94.2, 4.5512, 4.83e-07, 6948.0, 314.4 / 1000}
+    values |= {100 * v for v in values} | {1000 * v for v in values}
+    text = (
+        "99.5% in 94 s, perplexity 4.55 (4.56), 4.8e-07 (4.9e-07), 6,948 "
+        "documents (6,949), 314 ms, Keras 3.15.1, 2 blocks, `12.5 min`, "
+        "[page](results/7.5.md), 32 x 128 bytes, a tolerance of 1e-5 "
+        "and 1.3-2.2x"
+    )
+    assert unsupported_examples(text, values) == [
+        "4.56",
+        "4.9e-07",
+        "6,949",
+        "1.3-2.2x",
+        "1.3-2.2x",
+    ]
