@@ -158,7 +158,9 @@ def test_concepts_page_math_is_typeset(server, tmp_path):
 
 
 def test_api_page_lists_the_arguments(server, tmp_path):
-    dom = render(f"{server}/api/transformer/", tmp_path, "api.png")
+    dom = render(
+        f"{server}/api/layers/multi-head-self-attention/", tmp_path, "api.png"
+    )
     text = visible_text(dom)
     assert "MultiHeadSelfAttention" in text
     for argument in ("num_heads", "num_key_value_heads", "use_rotary"):
