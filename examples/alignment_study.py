@@ -52,6 +52,18 @@ def parse_args(argv=None):
     parser.add_argument("--test-examples", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=16)
     parser.add_argument("--units", type=int, default=64)
+    parser.add_argument(
+        "--kernel-size",
+        type=int,
+        default=5,
+        help="location-sensitive attention's filter width (Tacotron 2: 31)",
+    )
+    parser.add_argument(
+        "--monotonic-mode",
+        choices=("recursive", "parallel"),
+        default="recursive",
+        help="how monotonic attention computes its expected alignment",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--output", default="examples/output/alignment")
     parser.add_argument("--seed", type=int, default=0)
@@ -64,7 +76,7 @@ def parse_args(argv=None):
     return args
 
 
-def make_attention(mechanism, units):
+def make_attention(mechanism, units, kernel_size=5, monotonic_mode="recursive"):
     import keras_attention as ka
 
     if mechanism == "bahdanau":
@@ -76,7 +88,9 @@ def make_attention(mechanism, units):
         # further from the centre than the training sources are long is
         # never trained, and on longer sources its initial weights move
         # the attention.
-        return ka.LocationSensitiveAttention(units, filters=32, kernel_size=5)
+        return ka.LocationSensitiveAttention(
+            units, filters=32, kernel_size=kernel_size
+        )
     # Raffel et al. (2017): Gaussian noise before the sigmoid pushes the
     # stopping probabilities to 0 or 1, so that decoding can stop hard,
     # one source token per step, where training used the expected
@@ -87,14 +101,14 @@ def make_attention(mechanism, units):
     return ka.MonotonicAttention(
         units,
         score="bahdanau",
-        mode="recursive",
+        mode=monotonic_mode,
         sigmoid_noise=2.0,
         score_bias_init=-1.0,
         inference_mode="hard",
     )
 
 
-def build_model(mechanism, source_size, target_size, units):
+def build_model(mechanism, source_size, target_size, units, **options):
     """The bidirectional-GRU encoder and the attention decoder, with the
     layer names `examples/seq2seq.py`'s `Translator` decodes with."""
     import keras
@@ -116,7 +130,7 @@ def build_model(mechanism, source_size, target_size, units):
     )(target)  # (B, T, units)
     decoded = ka.AttentionDecoder(
         keras.layers.GRUCell(units),
-        make_attention(mechanism, units),
+        make_attention(mechanism, units, **options),
         name="decoder",
     )(target_embedded, encoded, initial_state=[state])  # (B, T, units)
     logits = keras.layers.Dense(target_size, name="logits")(decoded)
@@ -247,7 +261,12 @@ def main(argv=None):
     for mechanism in args.mechanisms:
         start = time.perf_counter()
         model = build_model(
-            mechanism, len(source_vocab), len(target_vocab), args.units
+            mechanism,
+            len(source_vocab),
+            len(target_vocab),
+            args.units,
+            kernel_size=args.kernel_size,
+            monotonic_mode=args.monotonic_mode,
         )
         model.fit(
             inputs,
@@ -289,6 +308,10 @@ def main(argv=None):
     name = "alignment-study"
     if list(args.mechanisms) != list(MECHANISMS):
         name += "-" + "-".join(args.mechanisms)
+    if args.kernel_size != 5:
+        name += f"-kernel{args.kernel_size}"
+    if args.monotonic_mode != "recursive":
+        name += f"-{args.monotonic_mode}"
     publish(name, table, args)
     return table
 
