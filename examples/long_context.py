@@ -127,6 +127,8 @@ def step_memory(model, args):
 
 
 def main(argv=None):
+    from examples.backend import publish
+
     args = parse_args(argv)
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
@@ -204,7 +206,9 @@ def main(argv=None):
             print(json.dumps(summary))
             sys.exit(1)
     print(json.dumps(summary))
+    publish("long-context", summary, args)
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     main()
