@@ -73,7 +73,8 @@ def main():
     blocks = mods.block_mask(BLOCKS_OF, 1, 1, N, N, block_size=3).blocks
     blocks = keras.ops.convert_to_numpy(blocks).astype("float32")
     ax = axes.flat[-1]
-    draw(ax, blocks, "its map of 3 x 3 blocks", [], vmax=2.0)
+    title = "its block map: 4 x 4 blocks of 3 x 3 positions"
+    draw(ax, blocks, title, [], vmax=2.0)
     ax.set_xlabel("key block", fontsize=8)
     ax.set_ylabel("query block", fontsize=8)
     colours = plt.get_cmap("Blues")

@@ -62,15 +62,15 @@ def beam_search(
     \\end{gathered}
     $$
 
-    with `α = length_penalty`, `β = coverage_penalty`, `|Y|` the length up
-    to and including `end_id`, and `p_{i,j}` the attention of target step
-    `j` on source position `i` (source positions that never received
-    attention, such as padding, are left out of the sum). As in Wu et al.
-    and tensorflow-addons, the coverage penalty ranks ended hypotheses:
-    from the step after a hypothesis produces `end_id` it competes with
-    `cp` added, while live hypotheses compete on their normalised
-    log-probability. The returned hypotheses (ended, or live at
-    `max_length`) are ranked and scored with both penalties. The state is
+    with $\\alpha$ = `length_penalty`, $\\beta$ = `coverage_penalty`, $|Y|$
+    the length up to and including `end_id`, and $p_{i,j}$ the attention
+    of target step $j$ on source position $i$ (source positions that never
+    received attention, such as padding, are left out of the sum). As in
+    Wu et al. and tensorflow-addons, the coverage penalty ranks ended
+    hypotheses: from the step after a hypothesis produces `end_id` it
+    competes with $cp$ added, while live hypotheses compete on their
+    normalised log-probability. The returned hypotheses (ended, or live
+    at `max_length`) are ranked and scored with both penalties. The state is
     tiled to `B·K` rows and reordered after every step by the library.
 
     Args:
@@ -86,8 +86,8 @@ def beam_search(
         beam_width: K.
         end_id (int | None): Ends a hypothesis; it keeps its score and is
             padded with `end_id`.
-        length_penalty: α; 0 disables it. Defaults to `0.0`.
-        coverage_penalty: β; 0 disables it. Defaults to `0.0`.
+        length_penalty: $\\alpha$; 0 disables it. Defaults to `0.0`.
+        coverage_penalty: $\\beta$; 0 disables it. Defaults to `0.0`.
         return_all_beams: Return every beam, best first.
         jit_compile: Run the whole search as one compiled program,
             as in `greedy_search`. Both loops drive the same float32 step

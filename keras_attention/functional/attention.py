@@ -32,7 +32,7 @@ def scaled_dot_product_attention(
     mask_mod: Callable | None = None,
     score_mod: Callable | None = None,
 ):
-    """Scaled dot-product attention, `softmax(q kᵀ / sqrt(H)) v`.
+    """Scaled dot-product attention, on the backend's fastest exact path.
 
     $$\\operatorname{Attention}(Q, K, V) =
     \\operatorname{softmax}\\left(\\frac{QK^\\top}{\\sqrt{H}}\\right)V$$
@@ -55,22 +55,24 @@ def scaled_dot_product_attention(
     runs where it is estimated faster than the reference (JAX; on
     TensorFlow where the structure skips enough blocks) or where the
     reference's `(B, N, T, S)` weights would take over 1 GiB;
-    `explain()` gives the estimate. With
-    `is_causal=True` the blocks above the diagonal are skipped, which
-    saves about half of the work for `T = S`; a sliding window skips every
-    block outside it. Every path gives the same outputs and gradients; the
-    weights, when asked for, come from the reference computation. On
-    `keras.Input` tensors the function builds an operation of a
-    functional model.
+    `explain()` gives the estimate. On PyTorch's CPU the blockwise path
+    replaces the fused kernel, from 512 queries and 256 keys, where a
+    sliding window, segment ids or a mask mod leave at most 30% of the
+    block pairs. With `is_causal=True` the blocks above the diagonal are
+    skipped, which saves about half of the work for $T = S$; a sliding
+    window skips every block outside it. Every path gives the same
+    outputs and gradients; the weights, when asked for, come from the
+    reference computation. On `keras.Input` tensors the function builds
+    an operation of a functional model.
 
     Structure is given as arguments rather than as a dense mask, so that
-    each path applies it without an `O(T x S)` tensor where it can. Query
-    `i` stands at position `p = i` among the keys (top-left alignment) or
-    `p = i + S - T` (bottom-right: the queries are the last `T` of `S`
-    positions, as when new tokens attend to a KV cache). `is_causal` hides
-    the keys after `p`; `sliding_window` keeps a band of keys around `p`;
-    `segment_ids` keeps each query inside its own packed sequence. They
-    combine with each other and with `mask`.
+    each path applies it without an $O(T \\times S)$ tensor where it can.
+    Query $i$ stands at position $p = i$ among the keys (top-left
+    alignment) or $p = i + S - T$ (bottom-right: the queries are the last
+    `T` of `S` positions, as when new tokens attend to a KV cache).
+    `is_causal` hides the keys after $p$; `sliding_window` keeps a band of
+    keys around $p$; `segment_ids` keeps each query inside its own packed
+    sequence. They combine with each other and with `mask`.
 
     Args:
         query (Tensor): Shape `(B, T, H)` or `(B, T, N, H)`.
@@ -81,33 +83,35 @@ def scaled_dot_product_attention(
             `(B, N, T, S)`, and a 3-D `(B, T, S)` mask is shared by all heads.
             Defaults to `None`.
         is_causal: Also hide the keys after each query's
-            position. `True` or `"top_left"`: query `i` sees keys
-            `j <= i` (as in `keras.ops.dot_product_attention`, PyTorch and
-            JAX). `"bottom_right"`: query `i` sees keys `j <= i + S - T`
+            position. `True` or `"top_left"`: query $i$ sees keys
+            $j \\le i$ (as in `keras.ops.dot_product_attention`, PyTorch and
+            JAX). `"bottom_right"`: query $i$ sees keys $j \\le i + S - T$
             (the queries are the last `T` positions). Defaults to `False`.
         scale: Multiplies the logits. Defaults to
             `1 / sqrt(H)`.
         return_attention_scores: Also return the attention weights.
             Defaults to `False`.
         sliding_window: Local attention
-            around each query's position `p` (aligned as `is_causal`
-            says; top-left without it). An int `w` keeps the `w` keys
-            `p - w < j <= p` (the query's own position and the `w - 1`
-            before it: a causal window, as in Mistral); a pair keeps
-            `p - left <= j <= p + right` (bidirectional local attention).
-            Defaults to `None` (no window).
+            around each query's position $p$ (aligned as `is_causal`
+            says; top-left without it). An int $w$ keeps the $w$ keys
+            $p - w < j \\le p$ (the query's own position and the $w - 1$
+            before it: a causal window, as in Mistral); a pair
+            `(left, right)` keeps the keys
+            $p - \\text{left} \\le j \\le p + \\text{right}$ (bidirectional
+            local attention). Defaults to `None` (no window).
         segment_ids (Tensor | tuple[Tensor, Tensor] | None): Integer ids
             `(B, T)`, or a tuple `(query_ids (B, T), key_ids (B, S))`. Packed
-            sequences: query `i` sees
-            key `j` only when their ids are equal; id `0` marks padding (such
+            sequences: query $i$ sees
+            key $j$ only when their ids are equal; id `0` marks padding (such
             keys are hidden, such queries get zeros). One tensor serves queries
-            and keys when `T = S`. Defaults to `None`.
+            and keys when $T = S$. Defaults to `None`.
         alibi: Adds the linear biases of ALiBi (Press et al. 2022)
-            to the logits, `-m_n |p_i - j|` with the slope `m_n` of head
-            `n` (positions aligned as `is_causal` says). Defaults to
+            to the logits, $-m_n |p_i - j|$ with the slope $m_n$ of head
+            $n$ (positions aligned as `is_causal` says). Defaults to
             `False`.
         logit_soft_cap: Caps the logits smoothly,
-            `cap * tanh(logits / cap)` (Gemma 2), before the ALiBi bias;
+            $c \\tanh(s / c)$ of the logits $s$ with $c$ =
+            `logit_soft_cap` (Gemma 2), before the ALiBi bias;
             in float32 for half-precision inputs. Defaults to `None`.
         mask_mod: Any visibility rule, as a function
             `mask_mod(batch, head, q_idx, kv_idx) -> bool` (`True` =

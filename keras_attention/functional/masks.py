@@ -13,7 +13,8 @@ from keras_attention._core import Structure
 
 
 def causal_mask(query_length, key_length, offset=0):
-    """A lower-triangular `(T, S)` mask: query `i` sees keys `j <= i + offset`.
+    """A lower-triangular `(T, S)` mask: query $i$ sees the keys
+    $j \\le i + \\text{offset}$.
 
     `offset` is the absolute position of the first query, so an incremental
     decoding step whose queries start at position `p` of a cache of `S` keys

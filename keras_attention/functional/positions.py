@@ -9,7 +9,7 @@ from keras_attention import _core
 
 
 def position_angles(length, dim: int, start_index=0, max_wavelength=1e4):
-    """The angles `p / m^(2i/D)` of sinusoidal and rotary positions.
+    """The angles $p / m^{2i/D}$ of sinusoidal and rotary positions.
 
     Shared by `PositionalEncoding` (sines and cosines of the angles) and
     `RotaryEmbedding` (rotations by the angles). Computed in float32.
@@ -19,11 +19,11 @@ def position_angles(length, dim: int, start_index=0, max_wavelength=1e4):
         dim: D, the feature size; there are `ceil(D / 2)` angles.
         start_index (int | Tensor): The first position. Defaults to
             `0`.
-        max_wavelength (float): `m`. Defaults to `10000.0`.
+        max_wavelength (float): $m$. Defaults to `10000.0`.
 
     Returns:
-        Tensor: Float32 angles `(T, ceil(D / 2))`; row `p` holds
-            `(start_index + p) / m^(2i/D)`.
+        Tensor: Float32 angles `(T, ceil(D / 2))`; row $p$ holds
+            $(\\text{start\\_index} + p) / m^{2i/D}$.
 
     Examples:
         >>> import keras

@@ -13,16 +13,16 @@ from keras_attention import _kernels
 
 
 def additive_score(query, key, kernel, bias=None):
-    """The additive score `e[t, s] = vᵀ tanh(q[t] + k[s] + b)`.
+    """The additive score $e_{t,s} = v^\\top \\tanh(q_t + k_s + b)$.
 
     The score of Bahdanau attention and of Luong's `concat` form, written
     once. `query` and `key` are already projected to the same `units`.
 
     Args:
-        query (Tensor): Shape `(B, T, U)`, the projected queries `W q`.
-        key (Tensor): Shape `(B, S, U)`, the projected keys `U h`.
-        kernel (Tensor): Shape `(U,)`, the vector `v`.
-        bias (Tensor | None): Shape `(U,)`. Added inside the `tanh`.
+        query (Tensor): Shape `(B, T, U)`, the projected queries $W q$.
+        key (Tensor): Shape `(B, S, U)`, the projected keys $U h$.
+        kernel (Tensor): Shape `(U,)`, the vector $v$.
+        bias (Tensor | None): Shape `(U,)`. Added inside the $\\tanh$.
 
     Returns:
         Tensor: The scores, `(B, T, S)`.
@@ -49,20 +49,22 @@ def monotonic_attention(p_choose, previous_alignment, mode="parallel"):
     """The expected monotonic alignment (Raffel et al. 2017).
 
     Reading the source from where the previous step stopped, the decoder
-    stops at position `j` with probability `p_choose[j]`:
+    stops at position $j$ with probability $p_j$ (`p_choose[j]`):
 
     $$\\alpha_j = p_j \\sum_{k \\le j} \\alpha^{prev}_k
     \\prod_{l=k}^{j-1} (1 - p_l)$$
 
-    `"recursive"` computes it with `q_j = (1 - p_{j-1}) q_{j-1} +
-    α^{prev}_j`, `α_j = p_j q_j` (a scan along the source); `"parallel"` in
-    closed form, `α = p · c · cumsum(α^{prev} / c)` with `c` the exclusive
-    cumulative product of `1 - p`, taken in log space and clipped (at the
-    dtype's smallest normal number inside the `log`, at `1e-10` in the
-    division) as in tensorflow-addons; `"hard"` expects 0/1 `p_choose` and
-    gives a one-hot alignment at the first chosen position at or after the
-    previous one, or zeros. The same equations and numbers as
-    tensorflow-addons' `monotonic_attention`.
+    `"recursive"` computes it with
+    $q_j = (1 - p_{j-1})\\, q_{j-1} + \\alpha^{prev}_j$,
+    $\\alpha_j = p_j\\, q_j$ (a scan along the source); `"parallel"` in
+    closed form,
+    $\\alpha = p \\cdot c \\cdot \\operatorname{cumsum}(\\alpha^{prev} / c)$
+    with $c$ the exclusive cumulative product of $1 - p$, taken in log
+    space and clipped (at the dtype's smallest normal number inside the
+    `log`, at `1e-10` in the division) as in tensorflow-addons; `"hard"`
+    expects 0/1 `p_choose` and gives a one-hot alignment at the first
+    chosen position at or after the previous one, or zeros. The same
+    equations and numbers as tensorflow-addons' `monotonic_attention`.
 
     Args:
         p_choose (Tensor): Shape `(..., S)`, the stopping probabilities
@@ -78,7 +80,7 @@ def monotonic_attention(p_choose, previous_alignment, mode="parallel"):
 
     The closed form loses mass when the cumulative product falls below its
     `1e-10` floor: past a run of positions that the decoder is all but
-    certain to stop at (`p` near 1), an alignment carried further along
+    certain to stop at ($p$ near 1), an alignment carried further along
     is under-counted, as in tensorflow-addons. The recursion is exact;
     prefer it when the stopping probabilities saturate.
 

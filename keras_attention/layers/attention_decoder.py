@@ -26,7 +26,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
 
     The fix for the encoder bottleneck (Bahdanau et al. 2015): instead of
     one fixed context vector, every decoding step builds its own context
-    `c_t` from all encoder states `h_j`. Two flows are implemented.
+    $c_t$ from all encoder states $h_j$. Two flows are implemented.
 
     `flow="bahdanau"` ("previous state"): score with the previous state,
     then step the cell on the previous token and the context:
@@ -35,7 +35,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
     (\\operatorname{score}(s_{t-1}, h)),\\quad s_t = \\operatorname{RNN}
     ([y_{t-1}; c_t], s_{t-1})$$
 
-    and the output is `s_t`. `flow="luong"` ("current state"): step the
+    and the output is $s_t$. `flow="luong"` ("current state"): step the
     cell first, score with the new state, and combine:
 
     $$s_t = \\operatorname{RNN}([y_{t-1}; \\tilde s_{t-1}], s_{t-1}),\\
@@ -43,7 +43,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
     (\\operatorname{score}(s_t, h)),\\quad \\tilde s_t = \\tanh(W_c [c_t;
     s_t])$$
 
-    and the output is the attentional state `s̃_t` (of size
+    and the output is the attentional state $\\tilde s_t$ (of size
     `attention_dim`), fed to the next step's input when `input_feeding`.
 
     The teacher-forced loop is a `keras.ops.scan`, so it compiles with the
@@ -56,7 +56,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
     step-by-step inference use `get_initial_state` and `step`, which
     `keras_attention.decoding` drives.
 
-    `Model.quantize("int8")` quantizes `W_c` and the attention's
+    `Model.quantize("int8")` quantizes $W_c$ and the attention's
     projections; the RNN cell's kernels are not quantizable in Keras
     (its cells have no `quantize`) and stay in the variable dtype.
 
@@ -69,17 +69,17 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             alignment keeps it in the decoder's state.
         flow: `"bahdanau"` or `"luong"`. Defaults to `"luong"` for a
             `LuongAttention` and `"bahdanau"` otherwise.
-        attention_dim: Size A of `s̃_t` in the Luong flow. Defaults to
+        attention_dim: Size A of $\\tilde s_t$ in the Luong flow. Defaults to
             the cell's units.
-        input_feeding: Luong flow: feed `s̃_{t-1}` with the input.
+        input_feeding: Luong flow: feed $\\tilde s_{t-1}$ with the input.
             Defaults to `True`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
     Other Parameters: Call arguments:
         inputs (Tensor): Shape `(B, T, E)`, the embedded previous target tokens
-            `y_{t-1}` (teacher forcing).
-        encoder_outputs (Tensor): Shape `(B, S, De)`, the states `h_j`.
+            $y_{t-1}$ (teacher forcing).
+        encoder_outputs (Tensor): Shape `(B, S, De)`, the states $h_j$.
         encoder_padding_mask (Tensor): Shape `(B, S)`, boolean. Defaults to the
             Keras mask of `encoder_outputs`.
         initial_state (list[Tensor] | None): Cell states, e.g. the encoder's
@@ -337,7 +337,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         Returns:
             dict: Batch-major tensors: `"cell"` (the list of cell states),
                 `"keys"` (projected keys `(B, S, U)`), for the Luong flow
-                with input feeding `"feed"` (`s̃`, `(B, A)`), and for
+                with input feeding `"feed"` ($\\tilde s$, `(B, A)`), and for
                 attention with memory `"attention"` (its state, a dict of
                 `(B, S)` tensors such as the previous alignment).
         """

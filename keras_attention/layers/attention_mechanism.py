@@ -20,8 +20,8 @@ from keras_attention.layers.sublayers import policy_for
 class AttentionMechanism(LoraMixin, keras.layers.Layer):
     """Base class of attention over encoder states for RNN decoders.
 
-    A decoder state `s` (the query) is scored against every encoder state
-    `h_j` (the keys), the scores are normalised with a masked softmax and
+    A decoder state $s$ (the query) is scored against every encoder state
+    $h_j$ (the keys), the scores are normalised with a masked softmax and
     the values are averaged with those weights (Bahdanau et al. 2015;
     Luong et al. 2015):
 

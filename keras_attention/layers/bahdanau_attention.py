@@ -20,25 +20,25 @@ from keras_attention.layers.sublayers import fresh
 class BahdanauAttention(AttentionMechanism):
     """Additive attention of Bahdanau, Cho and Bengio.
 
-    Decoder state `s` and encoder states `h_j` are projected into a shared
+    Decoder state $s$ and encoder states $h_j$ are projected into a shared
     space of `units` dims, added, squashed and reduced to a scalar score
     (Bahdanau et al. 2015):
 
     $$e_j = v_a^\\top \\tanh(W_a s + U_a h_j)$$
 
     followed by the masked softmax and the weighted average of the values
-    of `AttentionMechanism`. `U_a h_j` does not depend on the query, so
+    of `AttentionMechanism`. $U_a h_j$ does not depend on the query, so
     `project_keys` computes it once per source sequence.
 
-    With `normalize=True`, `v_a` is weight-normalised and a bias is added
-    inside the `tanh` (Salimans and Kingma, 2016; as in
+    With `normalize=True`, $v_a$ is weight-normalised and a bias is added
+    inside the $\\tanh$ (Salimans and Kingma, 2016; as in
     tensorflow-addons):
 
     $$e_j = g \\frac{v_a^\\top}{\\lVert v_a \\rVert}
     \\tanh(W_a s + U_a h_j + b)$$
 
-    `Model.quantize("int8")` quantizes the projections `W_a`
-    (`query_dense`) and `U_a` (`key_dense`); `v_a`, `g` and `b` are raw
+    `Model.quantize("int8")` quantizes the projections $W_a$
+    (`query_dense`) and $U_a$ (`key_dense`); $v_a$, $g$ and $b$ are raw
     weights, not quantizable, and stay in the variable dtype.
 
     Args:
@@ -48,13 +48,13 @@ class BahdanauAttention(AttentionMechanism):
         dropout: Dropout rate on the attention weights during
             training. Defaults to `0.0`.
         kernel_initializer (str | keras.initializers.Initializer): Initializer
-            of `W_a`, `U_a` and `v_a`. Defaults to `"glorot_uniform"`.
+            of $W_a$, $U_a$ and $v_a$. Defaults to `"glorot_uniform"`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
     Other Parameters: Call arguments:
-        query (Tensor): Shape `(B, Dq)` (one decoder step, the state `s_{t-1}`
-            in Bahdanau's flow) or `(B, T, Dq)`.
+        query (Tensor): Shape `(B, Dq)` (one decoder step, the state
+            $s_{t-1}$ in Bahdanau's flow) or `(B, T, Dq)`.
         value (Tensor): Shape `(B, S, Dv)`, the encoder states.
         key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
         value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source

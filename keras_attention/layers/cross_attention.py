@@ -50,10 +50,10 @@ class CrossAttention(MultiHeadCore):
         sliding_window: Local attention: query `i` sees source positions `i -
             left` to `i + right` (an int `w` is `(w - 1, 0)`), as in Luong et
             al.'s local attention with monotonic alignment. Defaults to `None`.
-        alibi: ALiBi position biases `-m_n |i - j|`. Defaults to
+        alibi: ALiBi position biases $-m_n |i - j|$. Defaults to
             `False`.
-        logit_soft_cap: Soft cap of the logits,
-            `cap * tanh(logits / cap)`. Defaults to `None`.
+        logit_soft_cap: Soft cap $c$ of the logits $s$, which become
+            $c \\tanh(s / c)$. Defaults to `None`.
         use_qk_norm: RMS-normalise each head's queries and keys
             (see `MultiHeadSelfAttention`). Defaults to `False`.
         score_mod: A score mod applied to every call's logits (see

@@ -20,10 +20,10 @@ from keras_attention.layers.sublayers import fresh
 class LocationSensitiveAttention(AttentionMechanism):
     """Additive attention that also sees where it looked before.
 
-    Content-only attention scores every encoder state `h_j` by what it
+    Content-only attention scores every encoder state $h_j$ by what it
     holds, so on long or repetitive inputs it can skip, repeat or lose its
     place. Location-sensitive attention (Chorowski et al. 2015) adds to the
-    additive score features `f_j` of the previous alignment, convolved
+    additive score features $f_j$ of the previous alignment, convolved
     along the source:
 
     $$f = F * \\alpha_{t-1}, \\quad e_{t,j} = v^\\top \\tanh(W s_t + V h_j
@@ -32,13 +32,13 @@ class LocationSensitiveAttention(AttentionMechanism):
     With `cumulative=True` the convolution reads two channels, the previous
     alignment and the sum of all previous alignments, as in Tacotron 2
     (Shen et al. 2018), which keeps the attention from returning to what
-    it has already read. The weights are the masked softmax of `e`; with
-    `smoothing=True` they are `σ(e_j) / Σ_k σ(e_k)` instead, which lets
-    several positions be selected at once (Chorowski et al. 2015). The
-    alignments start at zero.
+    it has already read. The weights are the masked softmax of $e$; with
+    `smoothing=True` they are $\\sigma(e_j) / \\sum_k \\sigma(e_k)$ instead,
+    which lets several positions be selected at once (Chorowski et al.
+    2015). The alignments start at zero.
 
-    `Model.quantize("int8")` quantizes the `W`, `V` and `U` projections;
-    the convolution kernel `F`, `v` and `b` are raw weights, not
+    `Model.quantize("int8")` quantizes the $W$, $V$ and $U$ projections;
+    the convolution kernel $F$, $v$ and $b$ are raw weights, not
     quantizable, and stay in the variable dtype.
 
     Args:

@@ -20,8 +20,8 @@ _SCORES = ("dot", "general", "concat")
 class LuongAttention(AttentionMechanism):
     """Multiplicative attention of Luong, Pham and Manning.
 
-    Scores the current decoder state `s_t` against each encoder state
-    `h_j` in one of three ways (Luong et al. 2015):
+    Scores the current decoder state $s_t$ against each encoder state
+    $h_j$ in one of three ways (Luong et al. 2015):
 
     $$e_j = \\begin{cases}
     s_t^\\top h_j & \\text{dot} \\\\
@@ -30,10 +30,10 @@ class LuongAttention(AttentionMechanism):
     \\end{cases}$$
 
     followed by the masked softmax and the weighted average of the values
-    of `AttentionMechanism`. `W_a h_j` (general) and the key half of
-    `W_a [s_t; h_j]` (concat) do not depend on the query, so
+    of `AttentionMechanism`. $W_a h_j$ (general) and the key half of
+    $W_a [s_t; h_j]$ (concat) do not depend on the query, so
     `project_keys` computes them once per source sequence. With
-    `scale=True` the score is multiplied by a learned scalar `g`
+    `scale=True` the score is multiplied by a learned scalar $g$
     (initialised to 1).
 
     Args:
@@ -47,13 +47,13 @@ class LuongAttention(AttentionMechanism):
         dropout: Dropout rate on the attention weights during
             training. Defaults to `0.0`.
         kernel_initializer (str | keras.initializers.Initializer): Initializer
-            of `W_a` and `v_a`. Defaults to `"glorot_uniform"`.
+            of $W_a$ and $v_a$. Defaults to `"glorot_uniform"`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
     Other Parameters: Call arguments:
-        query (Tensor): Shape `(B, Dq)` (one decoder step, the state `s_t` in
-            Luong's flow) or `(B, T, Dq)`.
+        query (Tensor): Shape `(B, Dq)` (one decoder step, the state $s_t$
+            in Luong's flow) or `(B, T, Dq)`.
         value (Tensor): Shape `(B, S, Dv)`, the encoder states.
         key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
         value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source

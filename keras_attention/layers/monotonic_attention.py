@@ -25,22 +25,23 @@ class MonotonicAttention(AttentionMechanism):
     """Attention that only moves forward along the source.
 
     At each output step the decoder scans the source from where it stopped
-    last time and, at each position `j`, stops there with probability
-    `p_{t,j} = σ(e_{t,j} + r)`, where `e` is a Bahdanau or Luong score and
-    `r` a learned offset (Raffel et al. 2017). In training the expected
-    alignment over all the ways of stopping is used, which is
+    last time and, at each position $j$, stops there with probability
+    $p_{t,j} = \\sigma(e_{t,j} + r)$, where $e$ is a Bahdanau or Luong
+    score and $r$ a learned offset (Raffel et al. 2017). In training the
+    expected alignment over all the ways of stopping is used, which is
     differentiable:
 
     $$\\alpha_{t,j} = p_{t,j} \\sum_{k \\le j} \\alpha_{t-1,k}
     \\prod_{l=k}^{j-1} (1 - p_{t,l})$$
 
-    `mode="recursive"` computes it with the recursion `q_{t,j} = (1 -
-    p_{t,j-1}) q_{t,j-1} + α_{t-1,j}`, `α_{t,j} = p_{t,j} q_{t,j}`;
+    `mode="recursive"` computes it with the recursion
+    $q_{t,j} = (1 - p_{t,j-1})\\, q_{t,j-1} + \\alpha_{t-1,j}$,
+    $\\alpha_{t,j} = p_{t,j}\\, q_{t,j}$;
     `mode="parallel"` in closed form with cumulative products (clipped
     inside the logarithm; float32 for half-precision inputs), which loses
     mass once the probabilities saturate (see
     `functional.monotonic_attention`); `mode="hard"` stops at the first
-    position from the previous one where `e + r > 0`, so the alignment is
+    position from the previous one where $e + r > 0$, so the alignment is
     one-hot (or zero when it runs off the end) and never moves backwards.
     The alignment starts one-hot on the first source position and does not
     sum to one in general: the missing mass is the probability of having
@@ -57,15 +58,15 @@ class MonotonicAttention(AttentionMechanism):
         units: Size U of the projection. Required by `score="bahdanau"`;
             with `score="luong"` the keys are projected to the query's size,
             which `units` must then equal if given.
-        score: `"bahdanau"` (`v^T tanh(W s + V h)`) or `"luong"`
-            (`s^T W h`). Defaults to `"bahdanau"`.
+        score: `"bahdanau"` ($v^\\top \\tanh(W s + V h)$) or `"luong"`
+            ($s^\\top W h$). Defaults to `"bahdanau"`.
         mode: `"parallel"`, `"recursive"` or `"hard"`. Defaults to
             `"parallel"`.
         sigmoid_noise: Standard deviation of the score noise in training.
             Defaults to `0.0`.
-        score_bias_init: Initial offset `r`; a negative value makes the
+        score_bias_init: Initial offset $r$; a negative value makes the
             attention start by moving slowly. Defaults to `0.0`.
-        normalize: Bahdanau score: weight-normalised `v` with gain and
+        normalize: Bahdanau score: weight-normalised $v$ with gain and
             bias, as `BahdanauAttention(normalize=True)`. Defaults to
             `False`.
         scale: Luong score: a learned scalar gain. Defaults to `False`.

@@ -83,8 +83,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
         alibi (bool): Linear position biases on the logits (ALiBi, Press
             et al. 2022), one slope per head; usually instead of position
             embeddings. Defaults to `False`.
-        logit_soft_cap (float | None): Caps the logits smoothly,
-            `cap * tanh(logits / cap)` (as in Gemma 2). Defaults to
+        logit_soft_cap (float | None): Caps the logits $s$ smoothly at
+            $c$, as $c \\tanh(s / c)$ (as in Gemma 2). Defaults to
             `None`.
         use_qk_norm (bool): RMS-normalise each head's queries and keys
             over the head dim, with a learned scale, before rotary

@@ -16,7 +16,7 @@ class RelativePositionBias(keras.layers.Layer):
 
     $$s'_{b,n,i,j} = s_{b,n,i,j} + W_{\\operatorname{bucket}(j - i),\\, n}$$
 
-    The bucket of each relative position `j - i` is T5's
+    The bucket of each relative position $j - i$ is T5's
     (`keras_attention.mods.relative_position_bucket`): exact for short
     distances, logarithmic up to `max_distance`. Give the layer to an
     attention layer or block as its `score_mod`: it is built there with

@@ -15,22 +15,22 @@ from keras_attention.layers import checks
 class RotaryEmbedding(keras.layers.Layer):
     """Rotates query/key features by angles proportional to the position.
 
-    Feature `i` of the first half and feature `i + H/2` of the second half
-    form a pair that is rotated at position `p` by the angle
-    `p · θ_i`, `θ_i = m^{-2i/H}` (`m = max_wavelength`):
+    Feature $i$ of the first half and feature $i + H/2$ of the second half
+    form a pair that is rotated at position $p$ by the angle
+    $p\\,\\theta_i$, $\\theta_i = m^{-2i/H}$ ($m$ = `max_wavelength`):
 
     $$\\begin{pmatrix} x'_i \\\\ x'_{i+H/2} \\end{pmatrix} =
     \\begin{pmatrix} \\cos p\\theta_i & -\\sin p\\theta_i \\\\
     \\sin p\\theta_i & \\cos p\\theta_i \\end{pmatrix}
     \\begin{pmatrix} x_i \\\\ x_{i+H/2} \\end{pmatrix}$$
 
-    Rotations compose, so the product of a rotated query at position `p`
-    and a rotated key at position `r` depends only on `p - r`: attention
+    Rotations compose, so the product of a rotated query at position $p$
+    and a rotated key at position $r$ depends only on $p - r$: attention
     becomes relative. This is the half-split pairing of GPT-NeoX, LLaMA and
     keras-hub. Used by the attention layers with `use_rotary=True`.
 
     Args:
-        max_wavelength: The longest wavelength `m`. Defaults to
+        max_wavelength: The longest wavelength $m$. Defaults to
             `10000.0`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).

@@ -52,8 +52,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
             Defaults to `None`.
         alibi (bool): ALiBi position biases in the self-attention.
             Defaults to `False`.
-        logit_soft_cap (float | None): Soft cap of the self-attention
-            logits, `cap * tanh(logits / cap)`. Defaults to `None`.
+        logit_soft_cap (float | None): Soft cap $c$ of the self-attention
+            logits $s$, which become $c \\tanh(s / c)$. Defaults to `None`.
         use_qk_norm (bool): RMS-normalised queries and keys in the
             self-attention (see `MultiHeadSelfAttention`). Defaults to
             `False`.

@@ -36,7 +36,7 @@ class _Causal(Configured, Band):
 
 
 def causal():
-    """Causal attention: query `i` sees the keys `j <= i`.
+    """Causal attention: query $i$ sees the keys $j \\le i$.
 
     Returns:
         A mask mod.
@@ -77,9 +77,9 @@ def sliding_window(window: int | tuple[int, int]):
     `scaled_dot_product_attention` (top-left aligned).
 
     Args:
-        window: An int `w` keeps the `w` keys `i - w < j <= i` (a causal
+        window: An int $w$ keeps the $w$ keys $i - w < j \\le i$ (a causal
             window, as in Mistral); a pair `(left, right)` keeps
-            `i - left <= j <= i + right`.
+            $i - \\text{left} \\le j \\le i + \\text{right}$.
 
     Returns:
         A mask mod.

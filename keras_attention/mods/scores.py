@@ -41,8 +41,8 @@ class _SoftCap(Configured, SoftCap):
 
 
 def soft_cap(cap: float):
-    """Caps the logits smoothly, `cap * tanh(score / cap)` (Gemma 2), as
-    the `logit_soft_cap` argument does.
+    """Caps the logits smoothly, $c \\tanh(s / c)$ with $c$ = `cap`
+    (Gemma 2), as the `logit_soft_cap` argument does.
 
     Args:
         cap: A positive finite number.
@@ -82,8 +82,9 @@ class _Alibi(Configured, Alibi):
 
 def alibi(num_heads: int):
     """The linear biases of ALiBi (Press et al. 2022),
-    `score - m_h |q_idx - kv_idx|`, with the head slopes `m_h` that
-    `alibi=True` uses.
+    $s - m_h \\lvert q - k \\rvert$ for the logit $s$ of query position
+    $q$ (`q_idx`) and key position $k$ (`kv_idx`), with the head slopes
+    $m_h$ that `alibi=True` uses.
 
     Args:
         num_heads: The number of query heads the mod will see.
