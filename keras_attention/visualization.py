@@ -112,6 +112,19 @@ def save_figure(figure, path, **kwargs):
         figure (matplotlib.figure.Figure): The figure to save.
         path (str | os.PathLike): Where to write the PNG.
         **kwargs: Passed on to `figure.savefig` (`dpi`, `bbox_inches`).
+
+    Returns:
+        str: The `Legend` entry written, such as `"legend: may attend,
+            masked out"` or `"colour bar: attention weight"`, one part per
+            key, joined by `"; "`.
+
+    Examples:
+        >>> import os, tempfile
+        >>> import numpy as np
+        >>> figure = plot_attention(np.eye(2), ["a", "b"], ["A", "B"])
+        >>> path = os.path.join(tempfile.mkdtemp(), "alignment.png")
+        >>> save_figure(figure, path)
+        'colour bar: attention weight'
     """
     keys = []
     for legend in [*figure.legends, *(ax.get_legend() for ax in figure.axes)]:
@@ -123,8 +136,9 @@ def save_figure(figure, path, **kwargs):
         if colorbar is not None:
             label = colorbar.ax.get_ylabel() or colorbar.ax.get_xlabel()
             keys.append(f"colour bar: {label}" if label else "colour bar")
-    figure.savefig(path, format="png", metadata={"Legend": "; ".join(keys)},
-                   **kwargs)  # fmt: skip
+    legend = "; ".join(keys)
+    figure.savefig(path, format="png", metadata={"Legend": legend}, **kwargs)
+    return legend
 
 
 def _label_ticks(set_ticks, tokens, cell, **kwargs):

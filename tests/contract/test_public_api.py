@@ -43,7 +43,7 @@ MODULE_FUNCTIONS = {
         "greedy_search",
         "sample",
     ],
-    visualization: ["plot_attention"],
+    visualization: ["plot_attention", "save_figure"],
     mods: [
         "alibi",
         "and_masks",

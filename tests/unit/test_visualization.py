@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from keras_attention import visualization
 from keras_attention.visualization import plot_attention
 
 
@@ -82,3 +83,24 @@ def test_plot_attention_bad_input():
         plot_attention(np.ones(3))
     with pytest.raises(ValueError, match="source_tokens"):
         plot_attention(np.ones((2, 3)), source_tokens=["a", "b"])
+
+
+def test_save_figure_writes_what_the_keys_show(tmp_path):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    figure, (left, right) = plt.subplots(1, 2)
+    left.plot([0, 1], label="may attend")
+    left.plot([1, 0], label="masked out")
+    left.legend()
+    colour = figure.colorbar(right.imshow(np.eye(2)), ax=right)
+    colour.set_label("weight")
+    plain, _ = plt.subplots()
+    written = {}
+    for name, fig in (("keyed", figure), ("plain", plain)):
+        returned = visualization.save_figure(fig, tmp_path / f"{name}.png")
+        with Image.open(tmp_path / f"{name}.png") as image:
+            written[name] = (returned, image.text["Legend"])
+        plt.close(fig)
+    expected = "legend: may attend, masked out; colour bar: weight"
+    assert written == {"keyed": (expected, expected), "plain": ("", "")}
