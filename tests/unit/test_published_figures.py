@@ -9,9 +9,9 @@ results they cite. No benchmark runs here: the JSON results are read.
   precision quoted: a ratio `Nx` (or its inverse: "0.37x the bytes" is a
   2.72x ratio), a percentage, a size in GiB (a MiB cell / 1024).
 * The README quotes no measured figure: it links to the pages.
-* The examples' pages (`docs/examples/index.md`, `examples/README.md`)
-  quote only numbers recorded by the scripts' full runs in
-  `examples/results/`.
+* The examples' pages (`docs/examples/index.md`, `examples/README.md`,
+  and the alignment study on the monotonic attention page) quote only
+  numbers recorded by the scripts' full runs in `examples/results/`.
 """
 
 import importlib.util
@@ -127,7 +127,11 @@ def test_the_check_catches_a_figure_not_in_the_tables():
 
 # The examples' pages: every measured number comes from a full run's
 # record in examples/results/ (written by the scripts themselves).
-EXAMPLE_PAGES = ("docs/examples/index.md", "examples/README.md")
+EXAMPLE_PAGES = (
+    "docs/examples/index.md",
+    "examples/README.md",
+    "docs/concepts/monotonic-attention.md",  # the alignment study
+)
 # 99.5%, 6.4x, 94 s, 3.1 min, 314 ms, 108 tokens/s, 4.55, 4.8e-07, 6,948
 NUMBER = re.compile(
     r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})+|\d+\.\d+e[-+]\d+|\d+(?:\.\d+)?)"
@@ -203,7 +207,7 @@ def unsupported_examples(text, values):
 @pytest.mark.parametrize("page", EXAMPLE_PAGES)
 def test_example_pages_quote_the_recorded_runs(page):
     text = (ROOT / page).read_text()
-    assert len(list(measured(text))) > 30
+    assert len(list(measured(text))) > 20
     assert unsupported_examples(text, example_values()) == []
 
 
