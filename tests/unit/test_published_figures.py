@@ -136,7 +136,7 @@ EXAMPLE_PAGES = (
 NUMBER = re.compile(
     r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})+|\d+\.\d+e[-+]\d+|\d+(?:\.\d+)?)"
     r"(?:-(\d+(?:\.\d+)?))?"
-    r"((?:x| ?(?:%|s|min|ms|tokens/s|KB|MB))(?!\w))?"
+    r"((?:x| ?(?:%|s|min|ms|tokens/s|KB|MB|MiB))(?!\w))?"
     r"(?!\w|\.\d)"
 )
 LINK = re.compile(r"\]\([^)]*\)|!\[[^\]]*\]")
@@ -163,6 +163,8 @@ def leaves(tree):
     if isinstance(tree, list):
         for item in tree:
             yield from leaves(item)
+        if tree and all(isinstance(v, (int, float)) for v in tree):
+            yield float(sum(tree))  # a total: the bytes of a step's buffers
     elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
         yield float(tree)
     elif isinstance(tree, str) and re.fullmatch(r"\d+-\d+", tree):
@@ -172,13 +174,15 @@ def leaves(tree):
 def example_values():
     """Every number of every record, as recorded and as the pages may
     quote it: a fraction as a percentage, seconds in minutes and
-    milliseconds, bytes in KB and MB; and, for a figure in `x` only, the
-    ratio of two numbers of the same record (a speed-up)."""
+    milliseconds, bytes in KB, MB and MiB, a list by its total; and, for
+    a figure in `x` only, the ratio of two numbers of the same record (a
+    speed-up)."""
     values = {"": set(), "x": set()}
     for path in sorted((ROOT / "examples" / "results").glob("*.json")):
         numbers = set(leaves(json.loads(path.read_text())))
         for v in numbers:
             values[""] |= {v, 100 * v, v / 60, 1000 * v, v / 1e3, v / 1e6}
+            values[""].add(v / 2**20)  # bytes in MiB
         values["x"] |= {a / b for a in numbers for b in numbers if b}
     values["x"] |= values[""]
     return values
