@@ -103,6 +103,8 @@ def describe(example, weights):
 
 
 def main():
+    from examples.backend import publish
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--examples", type=int, default=6000)
@@ -157,6 +159,4 @@ def main():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from examples.backend import publish
-
     main()

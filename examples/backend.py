@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-# The scripts import this module first: their wall time counts from here.
+# A run's wall time counts from here: most scripts import this module
+# first, the others (which import Keras at the top) once it has loaded.
 STARTED = time.perf_counter()
 RESULTS = Path(__file__).resolve().parent / "results"
 

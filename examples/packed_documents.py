@@ -95,6 +95,8 @@ def pack(texts, characters, row_length):
 
 
 def main():
+    from examples.backend import publish
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--epochs", type=int, default=12)
@@ -164,6 +166,4 @@ def main():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from examples.backend import publish
-
     main()

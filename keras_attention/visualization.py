@@ -132,6 +132,8 @@ def save_figure(figure, path, **kwargs):
             entries = ", ".join(text.get_text() for text in legend.get_texts())
             keys.append(f"legend: {entries}")
     for ax in figure.axes:
+        # Matplotlib marks a colour bar's axes with `_colorbar` (no public
+        # accessor exists); other axes have none.
         colorbar = getattr(ax, "_colorbar", None)
         if colorbar is not None:
             label = colorbar.ax.get_ylabel() or colorbar.ax.get_xlabel()
