@@ -113,6 +113,12 @@ def parse_args(argv=None):
     parser.add_argument("--sequence-length", type=int, default=128)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument(
+        "--adam-epsilon",
+        type=float,
+        default=1e-7,
+        help="Adam's epsilon (Keras's default: 1e-7)",
+    )
+    parser.add_argument(
         "--tolerance",
         type=float,
         default=1e-3,
@@ -188,7 +194,9 @@ def compile_model(model, args):
     import keras
 
     model.compile(
-        optimizer=keras.optimizers.Adam(args.learning_rate),
+        optimizer=keras.optimizers.Adam(
+            args.learning_rate, epsilon=args.adam_epsilon
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, ignore_class=0
         ),
@@ -513,7 +521,12 @@ def main(argv=None):
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(summary, indent=2))
     print("RESULT " + json.dumps(summary))
-    publish(f"distributed-{backend}", summary, args)
+    name = f"distributed-{backend}"
+    if args.models != "gpt,nmt":
+        name += "-" + args.models.replace(",", "-")
+    if args.adam_epsilon != 1e-7:
+        name += f"-adam-epsilon-{args.adam_epsilon:g}"
+    publish(name, summary, args)
     return summary
 
 
