@@ -24,6 +24,7 @@ import keras
 import numpy as np
 from common import attention_step
 from common import compiled
+from common import interleaved_medians
 from common import median_seconds
 from common import write
 
@@ -33,7 +34,8 @@ B, D, N = 4, 512, 8
 H = D // N
 
 
-def layer_step_seconds(name, length, repeats):
+def layer_step(name, length):
+    """One `train_on_batch` of a model holding the named layer."""
     if name == "keras_mha_causal":
         layer = keras.layers.MultiHeadAttention(N, H)
         call = lambda x: layer(x, x, use_causal_mask=True)  # noqa: E731
@@ -47,7 +49,7 @@ def layer_step_seconds(name, length, repeats):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(B, length, D)).astype("float32")
     zeros = np.zeros_like(x)
-    return median_seconds(lambda: model.train_on_batch(x, zeros), repeats)
+    return lambda: model.train_on_batch(x, zeros)
 
 
 def torch_kernel_step(length):
@@ -108,18 +110,21 @@ def main():
     lengths = (512, 1024) if args.quick else (1024, 2048, 4096)
     rows = []
     for length in lengths:
-        repeats = 3
-        for name in ("ours_causal", "ours_full", "keras_mha_causal"):
-            seconds = layer_step_seconds(name, length, repeats)
+        # The candidates are timed in turn within each repeat, so that
+        # load on the machine falls on all alike.
+        repeats = 5
+        names = ("ours_causal", "ours_full", "keras_mha_causal")
+        steps = {name: layer_step(name, length) for name in names}
+        for name, seconds in interleaved_medians(steps, repeats, 2).items():
             rows.append({"T": length, "name": name, "train_ms": seconds * 1e3})
             print(f"T={length:5d} {name:18s} train {seconds * 1e3:9.1f} ms")
-            keras.backend.clear_session()
+        del steps
+        keras.backend.clear_session()
         kernels = {
             "ours_kernel_causal": attention_step((B, length, N, H), True),
             "torch_sdpa_kernel_causal": torch_kernel_step(length),
         }
-        for name, step in kernels.items():
-            seconds = median_seconds(step, repeats)
+        for name, seconds in interleaved_medians(kernels, repeats, 2).items():
             rows.append({"T": length, "name": name, "train_ms": seconds * 1e3})
             print(f"T={length:5d} {name:24s} fwd+bwd {seconds * 1e3:9.1f} ms")
     profile = matmul_profile()

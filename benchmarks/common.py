@@ -118,14 +118,16 @@ def median_seconds(fn, repeats=5, warmup=1):
 
 def interleaved_medians(fns, repeats=5, warmup=1):
     """`{name: median seconds}` of each `fns[name]()`, the candidates
-    timed in turn within each repeat, so that load on a shared machine
-    falls on all of them alike."""
+    timed in turn within each repeat, in reverse order every other
+    repeat, so that load on a shared machine and the cost of following
+    another candidate (caches, allocator) fall on all of them alike."""
     for fn in fns.values():
         for _ in range(warmup):
             block(fn())
     times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    for repeat in range(repeats):
+        order = list(fns.items())
+        for name, fn in order if repeat % 2 == 0 else reversed(order):
             start = time.perf_counter()
             block(fn())
             times[name].append(time.perf_counter() - start)

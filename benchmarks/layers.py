@@ -23,8 +23,8 @@ import keras
 import numpy as np
 from common import BACKEND
 from common import compiled
+from common import interleaved_medians
 from common import matmul_gflops
-from common import median_seconds
 from common import write
 
 import keras_attention as ka
@@ -79,19 +79,20 @@ def keras_candidates():
     }
 
 
-def time_keras(factory, call, x, repeats):
+def keras_steps(factory, call, x):
+    """(forward, training step) closures of a model holding the layer."""
     layer = factory()
     inputs = keras.Input((x.shape[1], D), batch_size=B)
     model = keras.Model(inputs, call(layer, inputs))
     model.compile(optimizer="sgd", loss="mse")
     forward = compiled(lambda x: call(layer, x))
-    forward_s = median_seconds(lambda: forward(x), repeats)
     zeros = np.zeros(x.shape, "float32")
-    train_s = median_seconds(lambda: model.train_on_batch(x, zeros), repeats)
-    return forward_s, train_s
+    return lambda: forward(x), lambda: model.train_on_batch(x, zeros)
 
 
-def time_torch_baselines(x, repeats):
+def torch_steps(x):
+    """name -> (forward, training step) of PyTorch's own layer and of its
+    kernel alone on projected heads."""
     import torch
     import torch.nn.functional as F
 
@@ -100,10 +101,13 @@ def time_torch_baselines(x, repeats):
     optimizer = torch.optim.SGD(mha.parameters(), lr=1e-3)
 
     def forward():
+        # Its inference fast path runs in eval mode under no_grad.
+        mha.eval()
         with torch.no_grad():
             return mha(tx, tx, tx, need_weights=False)[0]
 
     def train_step():
+        mha.train()
         out = mha(tx, tx, tx, need_weights=False)[0]
         loss = (out**2).mean()
         loss.backward()
@@ -111,10 +115,6 @@ def time_torch_baselines(x, repeats):
         optimizer.zero_grad()
         return loss
 
-    mha.eval()
-    forward_s = median_seconds(forward, repeats)
-    mha.train()
-    train_s = median_seconds(train_step, repeats)
     length = x.shape[1]
     q, k, v = (
         torch.randn(B, N, length, H, requires_grad=True) for _ in range(3)
@@ -130,11 +130,8 @@ def time_torch_baselines(x, repeats):
         return out
 
     return {
-        "torch_mha": (forward_s, train_s),
-        "torch_sdpa_kernel": (
-            median_seconds(sdpa_forward, repeats),
-            median_seconds(sdpa_train, repeats),
-        ),
+        "torch_mha": (forward, train_step),
+        "torch_sdpa_kernel": (sdpa_forward, sdpa_train),
     }
 
 
@@ -147,21 +144,31 @@ def main():
     print(f"{BACKEND}: matmul {gflops:.0f} GFLOP/s")
     rows = []
     rng = np.random.default_rng(0)
-    # A discarded first round: the first timings of a process run slow
-    # (allocator, caches, clock), which would bias whichever goes first.
-    warmup = rng.normal(size=(B, lengths[0], D)).astype("float32")
-    for factory, call, _ in keras_candidates().values():
-        time_keras(factory, call, warmup, repeats=2)
     for length in lengths:
-        repeats = 5 if length <= 512 else 3
+        # Every candidate is built first and timed in turn within each
+        # repeat, so that load on the machine falls on all alike.
+        repeats = 7 if length <= 512 else 5
         x = rng.normal(size=(B, length, D)).astype("float32")
-        times = {}
+        steps, flop_counts = {}, {}
         for name, (factory, call, flops) in keras_candidates().items():
-            times[name] = (*time_keras(factory, call, x, repeats), flops)
+            steps[name] = keras_steps(factory, call, x)
+            flop_counts[name] = flops
         if BACKEND == "torch":
-            for name, timing in time_torch_baselines(x, repeats).items():
-                flops = kernel_flops if "kernel" in name else attention_flops
-                times[name] = (*timing, flops)
+            for name, pair in torch_steps(x).items():
+                steps[name] = pair
+                flop_counts[name] = (
+                    kernel_flops if "kernel" in name else attention_flops
+                )
+        forward = interleaved_medians(
+            {name: pair[0] for name, pair in steps.items()}, repeats, warmup=2
+        )
+        train = interleaved_medians(
+            {name: pair[1] for name, pair in steps.items()}, repeats, warmup=2
+        )
+        times = {
+            name: (forward[name], train[name], flop_counts[name])
+            for name in steps
+        }
         for name, (forward_s, train_s, flops) in times.items():
             rows.append(
                 {

@@ -256,6 +256,135 @@ def causal_section():
                 f"| {cells['matmul_logits_block']} "
                 f"| {cells['matmul_values_block']} |"
             )
+    return [*lines, *causal_breakdown(results), ""]
+
+
+# The causal training step's time against keras MHA's that issue-level
+# targets ask for, per backend (time ratios: ours / keras).
+CAUSAL_TARGETS = {"tensorflow": 0.77, "jax": 0.40, "torch": 1.0}
+
+
+def causal_breakdown(results):
+    """Where the causal training step's time goes, from the same run:
+    the kernel measured alone, the block matmuls it is made of at the
+    measured rate of their shapes, and what the kernel would have to take
+    for the step to meet its target against keras MHA."""
+    lines = [
+        "",
+        "Where the causal training step's time goes, in the same run "
+        "(milliseconds): *kernel* is the attention kernel alone, forward "
+        "and backward (as above); *rest* is the step without it "
+        "(projections, loss, optimizer, Keras's step); *block matmuls* is "
+        "the time the kernel's 7 matmuls per block pair take at the rates "
+        "measured above for their shapes, and *other kernel work* the "
+        "remainder of the kernel (the softmax's elementwise work, masking, "
+        "loop control). *kernel for target* is the kernel time at which "
+        "the step would reach the target time ratio against keras MHA "
+        "(0.77 on TensorFlow and 0.40 on JAX at T >= 2048, 1.0 "
+        "elsewhere); on PyTorch the kernel is the fused one, not made of "
+        "block matmuls.",
+        "",
+        "| backend | T | step | kernel | rest | block matmuls "
+        "| other kernel work | target | kernel for target |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for backend, data in results.items():
+        rates = {r["name"]: r["gflops"] for r in data.get("matmul_profile", [])}
+        if not rates:
+            continue
+        rows = {(r["name"], r["T"]): r["train_ms"] for r in data["rows"]}
+        block = 256
+        heads = data["B"] * data["N"]
+        pair_flops = 2 * block * block * (data["D"] // data["N"]) * heads
+        pair_ms = (
+            1e3
+            * pair_flops
+            * (
+                3 / (rates["matmul_logits_block"] * 1e9)
+                + 4 / (rates["matmul_values_block"] * 1e9)
+            )
+        )
+        for t in sorted({r["T"] for r in data["rows"]}):
+            step, kernel = (
+                rows[("ours_causal", t)],
+                rows[("ours_kernel_causal", t)],
+            )
+            keras_mha = rows[("keras_mha_causal", t)]
+            blocks = -(-t // block)
+            matmuls = blocks * (blocks + 1) // 2 * pair_ms
+            target = CAUSAL_TARGETS[backend] if t >= 2048 else 1.0
+            needed = target * keras_mha - (step - kernel)
+            # PyTorch's fused kernel is not made of these block matmuls.
+            fused = backend == "torch"
+            lines.append(
+                f"| {backend} | {t} | {step:.0f} | {kernel:.0f} "
+                f"| {step - kernel:.0f} "
+                f"| {'-' if fused else f'{matmuls:.0f}'} "
+                f"| {'-' if fused else f'{kernel - matmuls:.0f}'} "
+                f"| {target:.2f} | {needed:.0f} ({needed / kernel:.2f}x) |"
+            )
+    return lines
+
+
+def jax_forms_section():
+    data = load("jax_forms").get("jax")
+    if data is None:
+        return []
+    lines = [
+        "## XLA:CPU forms of the blockwise kernel (JAX)",
+        "",
+        "The block-shaped matmuls of the blockwise kernel written and "
+        f"compiled in other ways (B={data['B']}, {data['N']} heads of "
+        f"{data['H']}, float32, blocks of {data['block']}; the whole kernel "
+        f"forward and backward at T={data['T']}), each against the "
+        "kernel's own form in the same run: other matmul forms; XLA:CPU's "
+        "per-function compiler options (`compile(compiler_options=...)`: "
+        "oneDNN matmuls, library fusion of dots, or of dots and "
+        "elementwise work, through YNNPACK, XNNPACK or oneDNN, fast math); "
+        "other block sizes. *vs ours* is the speed against the kernel's "
+        "own form (above 1: faster).",
+        "",
+        "| experiment | what | form | ms | GFLOP/s | vs ours |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    labels = {
+        "logits_matmul_swapaxes": "logits block",
+        "values_matmul": "values block",
+        "logits": "logits block",
+        "values": "values block",
+        "key_grad": "key gradient block",
+        "default": "as written, no options",
+        "onednn": "oneDNN matmuls",
+        "ynn_dot": "YNNPACK fusion: dots",
+        "ynn_dot_eltwise": "YNNPACK fusion: dots, elementwise",
+        "xnn_dot": "XNNPACK fusion: dots",
+        "onednn_dot": "oneDNN fusion: dots",
+        "fast_math": "fast math",
+    }
+    baselines = {
+        "logits": "logits_matmul_swapaxes",
+        "values": "values_matmul",
+        "key_grad": "key_grad_matmul_swapaxes",
+    }
+    rows = data["rows"]
+    by_key = {(r["experiment"], r["name"], r["options"]): r for r in rows}
+    for r in rows:
+        if r["experiment"] == "matmul form":
+            family = next(f for f in baselines if r["name"].startswith(f))
+            base = by_key[("matmul form", baselines[family], "default")]
+            what, form = family, r["name"][len(family) + 1 :]
+        elif r["experiment"] == "compiler options":
+            base = by_key[("compiler options", r["name"], "default")]
+            what, form = r["name"], r["options"]
+        else:
+            base = by_key[("block size", r["name"], "blocks of 256")]
+            what, form = r["name"], r["options"]
+        what, form = labels.get(what, what), labels.get(form, form)
+        lines.append(
+            f"| {r['experiment']} | {what} | {form.replace('_', ' ')} "
+            f"| {r['ms']:.2f} | {r['gflops']:.0f} "
+            f"| {ratio(base['ms'], r['ms'])} |"
+        )
     return [*lines, ""]
 
 
@@ -700,6 +829,7 @@ def render(plot=True):
     lines += layers_section(plot)
     lines += causal_section()
     lines += paths_section()
+    lines += jax_forms_section()
     lines += memory_section()
     lines += generation_section()
     lines += structure_section()
