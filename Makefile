@@ -97,7 +97,7 @@ clean:
 # Every benchmark once per backend, each in its own process, then the
 # tables and plots of docs/performance.md. BENCH_ARGS=--quick for a short run.
 BENCHMARKS := layers causal paths memory generation structure mods relative_bias \
-	rnn_decoder quantization context_parallel jax_forms
+	rnn_decoder quantization context_parallel kernel_forms
 BENCH_ARGS ?=
 bench: $(STAMP)
 	cd benchmarks && for backend in $(BACKENDS); do \

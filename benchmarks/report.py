@@ -326,26 +326,28 @@ def causal_breakdown(results):
     return lines
 
 
-def jax_forms_section():
-    data = load("jax_forms").get("jax")
-    if data is None:
+def kernel_forms_section():
+    results = load("kernel_forms")
+    if not results:
         return []
+    data = next(iter(results.values()))
     lines = [
-        "## XLA:CPU forms of the blockwise kernel (JAX)",
+        "## Forms of the blockwise kernel",
         "",
-        "The block-shaped matmuls of the blockwise kernel written and "
-        f"compiled in other ways (B={data['B']}, {data['N']} heads of "
-        f"{data['H']}, float32, blocks of {data['block']}; the whole kernel "
-        f"forward and backward at T={data['T']}), each against the "
-        "kernel's own form in the same run: other matmul forms; XLA:CPU's "
-        "per-function compiler options (`compile(compiler_options=...)`: "
-        "oneDNN matmuls, library fusion of dots, or of dots and "
-        "elementwise work, through YNNPACK, XNNPACK or oneDNN, fast math); "
-        "other block sizes. *vs ours* is the speed against the kernel's "
-        "own form (above 1: faster).",
+        "The blockwise kernel written and compiled in other ways, each "
+        "against the kernel's own form in the same run "
+        f"(B={data['B']}, {data['N']} heads of {data['H']}, float32, "
+        f"blocks of {data['block']}; the whole kernel forward and backward "
+        f"at T={data['T']}): on JAX, other forms of the block matmuls and "
+        "XLA:CPU's per-function compiler options "
+        "(`compile(compiler_options=...)`: oneDNN matmuls; library fusion "
+        "of dots, or of dots and elementwise work, through YNNPACK, "
+        "XNNPACK or oneDNN; fast math); on TensorFlow and JAX, other block "
+        "sizes. *vs ours* is the speed against the kernel's own form "
+        "(above 1: faster).",
         "",
-        "| experiment | what | form | ms | GFLOP/s | vs ours |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| backend | experiment | what | form | ms | GFLOP/s | vs ours |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     labels = {
         "logits_matmul_swapaxes": "logits block",
@@ -366,7 +368,13 @@ def jax_forms_section():
         "values": "values_matmul",
         "key_grad": "key_grad_matmul_swapaxes",
     }
-    rows = data["rows"]
+    for backend, data in results.items():
+        lines += kernel_form_rows(backend, data["rows"], labels, baselines)
+    return [*lines, ""]
+
+
+def kernel_form_rows(backend, rows, labels, baselines):
+    lines = []
     by_key = {(r["experiment"], r["name"], r["options"]): r for r in rows}
     for r in rows:
         if r["experiment"] == "matmul form":
@@ -381,11 +389,12 @@ def jax_forms_section():
             what, form = r["name"], r["options"]
         what, form = labels.get(what, what), labels.get(form, form)
         lines.append(
-            f"| {r['experiment']} | {what} | {form.replace('_', ' ')} "
+            f"| {backend} | {r['experiment']} | {what} "
+            f"| {form.replace('_', ' ')} "
             f"| {r['ms']:.2f} | {r['gflops']:.0f} "
             f"| {ratio(base['ms'], r['ms'])} |"
         )
-    return [*lines, ""]
+    return lines
 
 
 def generation_section():
@@ -829,7 +838,7 @@ def render(plot=True):
     lines += layers_section(plot)
     lines += causal_section()
     lines += paths_section()
-    lines += jax_forms_section()
+    lines += kernel_forms_section()
     lines += memory_section()
     lines += generation_section()
     lines += structure_section()

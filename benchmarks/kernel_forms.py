@@ -1,4 +1,4 @@
-"""JAX on CPU: the forms of the blockwise kernel that XLA runs fastest.
+"""The blockwise kernel written and compiled in other forms, on CPU.
 
 The blockwise kernel is made of batched matmuls on `256 x 64` and
 `256 x 256` blocks, which XLA:CPU runs well below its square-matmul rate.
@@ -21,7 +21,11 @@ run:
 * **block sizes**: the whole kernel with blocks of 128, 256 (the
   default) and 512 rows, causal and not.
 
-    KERAS_BACKEND=jax python benchmarks/jax_forms.py [--quick]
+The first two are JAX's; the block sizes are measured on TensorFlow (a
+graph without XLA, as Keras runs a training step there) too. PyTorch
+runs its fused kernel instead.
+
+    KERAS_BACKEND=jax python benchmarks/kernel_forms.py [--quick]
 """
 
 import argparse
@@ -29,6 +33,7 @@ import argparse
 import keras
 import numpy as np
 from common import BACKEND
+from common import gradient_step
 from common import interleaved_medians
 from common import write
 
@@ -126,11 +131,9 @@ def compile_with(fn, args, options):
     return lambda: executable(*args)
 
 
-def kernel(length, causal, chunk_size=None):
-    """`(loss gradient function, args)`: forward and backward of the
-    blockwise path, forced, with blocks of `chunk_size` rows."""
-    import jax
-
+def kernel_loss(length, causal, chunk_size=None):
+    """`(loss, args)`: the blockwise path, forced, with blocks of
+    `chunk_size` rows, as a loss of the query, key and value."""
     shape = (B, length, N, H)
     q, k, v, cotangent = (random(*shape) for _ in range(4))
 
@@ -141,7 +144,15 @@ def kernel(length, causal, chunk_size=None):
             )
         return keras.ops.sum(out * cotangent)
 
-    return jax.grad(loss, argnums=(0, 1, 2)), (q, k, v)
+    return loss, (q, k, v)
+
+
+def kernel(length, causal, chunk_size=None):
+    """`(loss gradient function, args)` of `kernel_loss` on JAX."""
+    import jax
+
+    loss, args = kernel_loss(length, causal, chunk_size)
+    return jax.grad(loss, argnums=(0, 1, 2)), args
 
 
 def kernel_flops(length, causal, chunk):
@@ -152,16 +163,34 @@ def kernel_flops(length, causal, chunk):
     return 7 * 2 * chunk * chunk * H * pairs * B * N
 
 
+def block_sizes(length, repeats, record):
+    """The whole kernel, forward and backward, with blocks of 128, 256
+    and 512 rows, compiled as Keras compiles a training step."""
+    for causal in (False, True):
+        timed = {}
+        for chunk in (128, 256, 512):
+            if BACKEND == "jax":
+                grads, a = kernel(length, causal, chunk)
+                timed[chunk] = compile_with(grads, a, {})
+            else:
+                loss, (q, k, v) = kernel_loss(length, causal, chunk)
+                timed[chunk] = gradient_step(loss, q, k, v)
+        seconds = interleaved_medians(timed, repeats=repeats)
+        for chunk in timed:
+            record("block size", f"kernel T={length} causal={causal}",
+                   f"blocks of {chunk}", seconds[chunk],
+                   kernel_flops(length, causal, chunk))  # fmt: skip
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    if BACKEND != "jax":
-        print("This benchmark measures XLA:CPU through JAX only")
+    if BACKEND == "torch":
+        print("PyTorch runs its fused kernel: nothing to measure")
         return
     length = 512 if args.quick else 2048
     repeats = 3 if args.quick else 7
-    forms = matmul_forms()
     rows = []
 
     def record(experiment, name, options, seconds, flops):
@@ -169,6 +198,12 @@ def main():
                      "options": options, "ms": seconds * 1e3,
                      "gflops": flops / seconds / 1e9})  # fmt: skip
 
+    if BACKEND == "tensorflow":
+        block_sizes(length, repeats, record)
+        write("kernel_forms", {"B": B, "N": N, "H": H, "block": C,
+                               "T": length, "rows": rows})  # fmt: skip
+        return
+    forms = matmul_forms()
     timed = {
         name: compile_with(fn, a, {}) for name, (fn, a, _) in forms.items()
     }
@@ -197,22 +232,13 @@ def main():
         record("compiler options", f"kernel T={length} causal", option,
                seconds[option], flops)  # fmt: skip
 
-    for causal in (False, True):
-        timed = {}
-        for chunk in (128, 256, 512):
-            grads, a = kernel(length, causal, chunk)
-            timed[chunk] = compile_with(grads, a, {})
-        seconds = interleaved_medians(timed, repeats=repeats)
-        for chunk in timed:
-            record("block size", f"kernel T={length} causal={causal}",
-                   f"blocks of {chunk}", seconds[chunk],
-                   kernel_flops(length, causal, chunk))  # fmt: skip
+    block_sizes(length, repeats, record)
 
     for row in rows:
         print(f"{row['experiment']:16s} {row['name']:28s} "
               f"{row['options']:16s} {row['ms']:9.2f} ms "
               f"{row['gflops']:6.0f} GFLOP/s")  # fmt: skip
-    write("jax_forms", {"B": B, "N": N, "H": H, "block": C, "T": length,
+    write("kernel_forms", {"B": B, "N": N, "H": H, "block": C, "T": length,
                         "rows": rows})  # fmt: skip
 
 
