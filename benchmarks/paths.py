@@ -12,7 +12,8 @@ T = S = 512, 1024, 2048, with and without the causal band:
   BLOCKWISE_COST` is fitted to;
 * the blockwise kernel's time against the time the same block-shaped
   matmuls take alone in the same process (a batch of `B x N` blocks of
-  256 x 64 @ 64 x 256 and 256 x 256 @ 256 x 64): its matmul efficiency.
+  C x 64 @ 64 x C and C x C @ C x 64, in the kernel's blocks of C = 256
+  or 512 rows): its matmul efficiency.
 
 PyTorch runs its fused kernel, not these paths, so only TensorFlow and
 JAX are measured.
@@ -32,17 +33,22 @@ from common import write
 
 from keras_attention import _kernels
 from keras_attention import functional
+from keras_attention._core import Structure
 
 B, N, H = 8, 8, 64
 C = _kernels.CHUNK_SIZE
+BLOCKS = (C, _kernels.dispatch.DENSE_CHUNK_SIZE)
 
 
 def block_matmuls():
     """`{name: fn}`: one batch of each block-shaped matmul of the kernel,
-    compiled as the kernel is (`jax.jit`; a graph without XLA)."""
+    in both block sizes, compiled as the kernel is (`jax.jit`; a graph
+    without XLA)."""
     rng = np.random.default_rng(0)
-    shapes = {"logits": ((B * N, C, H), (B * N, H, C)),
-              "values": ((B * N, C, C), (B * N, C, H))}  # fmt: skip
+    shapes = {}
+    for c in BLOCKS:
+        shapes[f"logits_{c}"] = ((B * N, c, H), (B * N, H, c))
+        shapes[f"values_{c}"] = ((B * N, c, c), (B * N, c, H))
     if BACKEND == "jax":
         import jax
 
@@ -76,7 +82,10 @@ def main():
     # Forward: the logits and the values (2 matmuls); backward: the logits
     # again and the value, weight, key and query gradients (5): 3 of the
     # logits' shape and 4 of the values', each 2 C^2 H flops a block.
-    pair_seconds = 3 * matmuls["logits"] + 4 * matmuls["values"]
+    pair_seconds = {
+        c: 3 * matmuls[f"logits_{c}"] + 4 * matmuls[f"values_{c}"]
+        for c in BLOCKS
+    }
     rows = []
     for length in lengths:
         for causal in (False, True):
@@ -89,13 +98,19 @@ def main():
             times = interleaved_medians(steps, repeats=repeats)
             q = keras.KerasTensor((B, length, N, H))
             report = functional.explain(q, q, q, is_causal=causal)
-            blocks = -(-length // C)
+            # The block size the forced blockwise path takes here.
+            structure = Structure.from_args(where="paths", is_causal=causal)
+            block = _kernels.dispatch.chunk_size(
+                structure, None, (length, length)
+            )
+            blocks = -(-length // block)
             visited = blocks * (blocks + 1) // 2 if causal else blocks**2
             fraction = visited / blocks**2
             cost = times["chunked"] / (fraction * times["reference"])
-            efficiency = visited * pair_seconds / times["chunked"]
+            efficiency = visited * pair_seconds[block] / times["chunked"]
             rows.append({
                 "T": length, "causal": causal, "auto_path": report.path,
+                "block": block,
                 "visited_fraction": fraction, "cost": cost,
                 "matmul_efficiency": efficiency,
                 **{f"{path}_ms": t * 1e3 for path, t in times.items()},

@@ -74,6 +74,11 @@ def explain_call(query, key, value, mask, structure, weights, reason=None):
     if weights and reason is not None:
         refused = {name: reason for name in refused}
     lowering = _lowering(path, mask, structure)
+    if path == "chunked":
+        lengths = [runtime.static_dim(x.shape[1]) for x in (query, key)]
+        block = dispatch.chunk_size(structure, mask, lengths)
+        blocks = f"blocks of {block} queries and keys"
+        lowering = f"{lowering}; {blocks}" if lowering else blocks
     if structure.mask_mod is not None or structure.score_mod is not None:
         mods = _mods(path, query, key, structure)
         lowering = f"{lowering}; {mods}" if lowering else mods

@@ -228,6 +228,72 @@ def test_the_reference_is_refused_past_its_memory(heads):
         assert report.path == ("chunked" if cost < 1 else "reference")
 
 
+def test_dense_attention_takes_larger_blocks():
+    """Blocks of `DENSE_CHUNK_SIZE` on TensorFlow and JAX where nothing
+    can be skipped and both lengths reach `DENSE_CHUNK_MIN_LENGTH`;
+    `CHUNK_SIZE` with a mask, any structure or mod, a shorter length, or
+    on PyTorch; a forced size wins."""
+    from keras_attention._core import Structure
+
+    dispatch = _kernels.dispatch
+    long = dispatch.DENSE_CHUNK_MIN_LENGTH
+    lengths = (long, long)
+
+    def size(mask=None, lengths=lengths, **structure):
+        structure = Structure.from_args(where="test", **structure)
+        return dispatch.chunk_size(structure, mask, lengths)
+
+    large = keras.backend.backend() in ("tensorflow", "jax")
+    assert size() == (dispatch.DENSE_CHUNK_SIZE if large else 256)
+    small = [
+        size(mask=np.ones((1, long, long), bool)),
+        size(is_causal=True),
+        size(sliding_window=64),
+        size(alibi=True),
+        size(logit_soft_cap=30.0),
+        size(score_mod=lambda score, b, h, q, k: score),
+        size(lengths=(long - 1, long)),
+        size(lengths=(long, None)),
+        dispatch.chunk_size(),
+    ]
+    assert small == [_kernels.CHUNK_SIZE] * len(small)
+    with _kernels.force("chunked", chunk_size=64):
+        assert size() == 64
+    q = keras.KerasTensor((1, long, 2, 4))
+    with _kernels.force("chunked"):
+        assert f"blocks of {size()} queries" in F.explain(q, q, q).structure
+        causal = F.explain(q, q, q, is_causal=True).structure
+        assert f"blocks of {_kernels.CHUNK_SIZE} queries" in causal
+
+
+def test_large_dense_blocks_equal_the_reference():
+    """The blockwise path in the blocks it takes for long unstructured
+    attention (512 on TensorFlow and JAX, the last block partial), GQA:
+    the float64 reference's outputs and q, k, v gradients."""
+    length = _kernels.dispatch.DENSE_CHUNK_MIN_LENGTH + 100
+    generator = rng(5)
+    q = generator.standard_normal((1, length, 2, 4)).astype("float32")
+    k = generator.standard_normal((1, length, 1, 4)).astype("float32")
+    v = generator.standard_normal((1, length, 1, 3)).astype("float32")
+
+    def blockwise(q, k, v):
+        with _kernels.force("chunked"):  # the dispatch's block size
+            return F.scaled_dot_product_attention(q, k, v)
+
+    outputs, grads, _ = value_and_grads(blockwise, [q, k, v])
+    (seed,) = cotangents([outputs[0].shape])
+    out, dq, dk, dv = np_sdpa_grads(q, k, v, None, False, seed)
+    assert_close(
+        "blockwise, dense blocks",
+        "float32",
+        outputs,
+        grads,
+        [out],
+        [dq, dk, dv],
+        ("q", "k", "v"),
+    )
+
+
 def test_force_rejects_an_unknown_path():
     with (
         pytest.raises(ValueError, match="Received: path='flash'"),
