@@ -338,6 +338,18 @@ def kernel_forms_section():
     if not results:
         return []
     data = next(iter(results.values()))
+    rows = {
+        (backend, r["experiment"], r["name"], r["options"]): r["ms"]
+        for backend, result in results.items()
+        for r in result["rows"]
+    }
+
+    def cell(key, base_key):
+        """`ms (speed against the kernel's own form)`, or `-`."""
+        if key not in rows:
+            return "-"
+        return f"{rows[key]:.1f} ({ratio(rows[base_key], rows[key])})"
+
     lines = [
         "## Forms of the blockwise kernel",
         "",
@@ -345,24 +357,38 @@ def kernel_forms_section():
         "against the kernel's own form in the same run "
         f"(B={data['B']}, {data['N']} heads of {data['H']}, float32, "
         f"blocks of {data['block']}; the whole kernel forward and backward "
-        f"at T={data['T']}): on JAX, other forms of the block matmuls and "
-        "XLA:CPU's per-function compiler options "
-        "(`compile(compiler_options=...)`: oneDNN matmuls; library fusion "
-        "of dots, or of dots and elementwise work, through YNNPACK, "
-        "XNNPACK or oneDNN; fast math); on TensorFlow and JAX, other block "
-        "sizes. *vs ours* is the speed against the kernel's own form "
-        "(above 1: faster).",
+        f"at T={data['T']}). Milliseconds, and in brackets the speed "
+        "against the kernel's own form (above 1: faster). First, on JAX, "
+        "the block matmuls written as `matmul` with the keys' axes "
+        "swapped (the kernel's form), as one `einsum` (`dot_general`), "
+        "with the heads as their own axis, and with the keys stored "
+        "transposed:",
         "",
-        "| backend | experiment | what | form | ms | GFLOP/s | vs ours |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| form | logits block | values block | key gradient block |",
+        "| --- | --- | --- | --- |",
     ]
-    labels = {
-        "logits_matmul_swapaxes": "logits block",
-        "values_matmul": "values block",
-        "logits": "logits block",
-        "values": "values block",
-        "key_grad": "key gradient block",
-        "default": "as written, no options",
+    families = {
+        "logits": "logits_matmul_swapaxes",
+        "values": "values_matmul",
+        "key_grad": "key_grad_matmul_swapaxes",
+    }
+    forms = {
+        "the kernel's": ("matmul_swapaxes", "matmul", "matmul_swapaxes"),
+        "einsum": ("einsum",) * 3,
+        "heads as an axis": ("heads_axis",) * 3,
+        "keys transposed": ("keys_transposed", None, None),
+    }
+    for label, names in forms.items():
+        pairs = zip(families.items(), names, strict=True)
+        cells = [
+            cell(("jax", "matmul form", f"{family}_{name}", "default"),
+                 ("jax", "matmul form", base, "default"))
+            if name else "-"
+            for (family, base), name in pairs
+        ]  # fmt: skip
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    options = {
+        "default": "none (the kernel's)",
         "onednn": "oneDNN matmuls",
         "ynn_dot": "YNNPACK fusion: dots",
         "ynn_dot_eltwise": "YNNPACK fusion: dots, elementwise",
@@ -370,38 +396,44 @@ def kernel_forms_section():
         "onednn_dot": "oneDNN fusion: dots",
         "fast_math": "fast math",
     }
-    baselines = {
-        "logits": "logits_matmul_swapaxes",
-        "values": "values_matmul",
-        "key_grad": "key_grad_matmul_swapaxes",
-    }
-    for backend, data in results.items():
-        lines += kernel_form_rows(backend, data["rows"], labels, baselines)
+    kernel = f"kernel T={data['T']} causal"
+    lines += [
+        "",
+        "XLA:CPU's per-function compiler options on JAX "
+        "(`jax.jit(f).lower(...).compile(compiler_options=...)`), on one "
+        "block matmul and on the whole causal kernel:",
+        "",
+        "| option | logits block | values block | causal kernel |",
+        "| --- | --- | --- | --- |",
+    ]
+    for option, label in options.items():
+        cells = [
+            cell(("jax", "compiler options", name, option),
+                 ("jax", "compiler options", name, "default"))
+            for name in ("logits_matmul_swapaxes", "values_matmul", kernel)
+        ]  # fmt: skip
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    lines += [
+        "",
+        "Block sizes, the whole kernel:",
+        "",
+        "| backend | attention | blocks of 128 | blocks of 256 "
+        "| blocks of 512 |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for backend in results:
+        for causal in (False, True):
+            name = f"kernel T={data['T']} causal={causal}"
+            base = (backend, "block size", name, "blocks of 256")
+            cells = [
+                cell((backend, "block size", name, f"blocks of {c}"), base)
+                for c in (128, 256, 512)
+            ]
+            lines.append(
+                f"| {backend} | {'causal' if causal else 'full'} "
+                f"| {' | '.join(cells)} |"
+            )
     return [*lines, ""]
-
-
-def kernel_form_rows(backend, rows, labels, baselines):
-    lines = []
-    by_key = {(r["experiment"], r["name"], r["options"]): r for r in rows}
-    for r in rows:
-        if r["experiment"] == "matmul form":
-            family = next(f for f in baselines if r["name"].startswith(f))
-            base = by_key[("matmul form", baselines[family], "default")]
-            what, form = family, r["name"][len(family) + 1 :]
-        elif r["experiment"] == "compiler options":
-            base = by_key[("compiler options", r["name"], "default")]
-            what, form = r["name"], r["options"]
-        else:
-            base = by_key[("block size", r["name"], "blocks of 256")]
-            what, form = r["name"], r["options"]
-        what, form = labels.get(what, what), labels.get(form, form)
-        lines.append(
-            f"| {backend} | {r['experiment']} | {what} "
-            f"| {form.replace('_', ' ')} "
-            f"| {r['ms']:.2f} | {r['gflops']:.0f} "
-            f"| {ratio(base['ms'], r['ms'])} |"
-        )
-    return lines
 
 
 def generation_section():
