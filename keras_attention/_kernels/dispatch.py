@@ -113,17 +113,16 @@ def _has_nothing_to_skip(structure):
     )
 
 
-def _chunked(query, key, value, mask, structure, scale):
+def call_chunk_size(query, key, mask, structure) -> int:
+    """`chunk_size` for a call on `query` `(B, T, ...)` and `key`
+    `(B, S, ...)`: the block rows its blockwise path takes."""
     lengths = [runtime.static_dim(x.shape[1]) for x in (query, key)]
-    return chunked_attention(
-        query,
-        key,
-        value,
-        mask,
-        structure,
-        scale,
-        chunk_size(structure, mask, lengths),
-    )
+    return chunk_size(structure, mask, lengths)
+
+
+def _chunked(query, key, value, mask, structure, scale):
+    block = call_chunk_size(query, key, mask, structure)
+    return chunked_attention(query, key, value, mask, structure, scale, block)
 
 
 PATHS = {

@@ -75,8 +75,7 @@ def explain_call(query, key, value, mask, structure, weights, reason=None):
         refused = {name: reason for name in refused}
     lowering = _lowering(path, mask, structure)
     if path == "chunked":
-        lengths = [runtime.static_dim(x.shape[1]) for x in (query, key)]
-        block = dispatch.chunk_size(structure, mask, lengths)
+        block = dispatch.call_chunk_size(query, key, mask, structure)
         blocks = f"blocks of {block} queries and keys"
         lowering = f"{lowering}; {blocks}" if lowering else blocks
     if structure.mask_mod is not None or structure.score_mod is not None:

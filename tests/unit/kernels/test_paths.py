@@ -16,6 +16,7 @@ from keras import ops
 
 from keras_attention import _kernels
 from keras_attention import functional as F
+from keras_attention._core import Structure
 from tests.autodiff import KERNEL_PATHS
 from tests.autodiff import assert_close
 from tests.autodiff import cotangents
@@ -233,8 +234,6 @@ def test_dense_attention_takes_larger_blocks():
     can be skipped and both lengths reach `DENSE_CHUNK_MIN_LENGTH`;
     `CHUNK_SIZE` with a mask, any structure or mod, a shorter length, or
     on PyTorch; a forced size wins."""
-    from keras_attention._core import Structure
-
     dispatch = _kernels.dispatch
     long = dispatch.DENSE_CHUNK_MIN_LENGTH
     lengths = (long, long)
@@ -244,7 +243,8 @@ def test_dense_attention_takes_larger_blocks():
         return dispatch.chunk_size(structure, mask, lengths)
 
     large = keras.backend.backend() in ("tensorflow", "jax")
-    assert size() == (dispatch.DENSE_CHUNK_SIZE if large else 256)
+    expected = dispatch.DENSE_CHUNK_SIZE if large else _kernels.CHUNK_SIZE
+    assert size() == expected
     small = [
         size(mask=np.ones((1, long, long), bool)),
         size(is_causal=True),
