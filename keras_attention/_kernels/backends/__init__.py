@@ -9,6 +9,10 @@ Every module here defines the same names, so the rest of the kernels ask
 * `fori_loop(start, end, body, carry)`: a loop over a traced range;
 * `scan_carries(f, init, xs)`: every carry of a scan, stacked;
 * `write_kv_cache(cache, key, value, index)`: the KV-cache write;
+* `block_buffer(zeros)`, `read_block(buffer, index)`,
+  `write_block(buffer, index, block)` and `stacked_blocks(buffer)`: the
+  blockwise loops' output buffers, one block written at a time, without
+  copying the whole buffer per write;
 * `fused_kernel(query, key, value, mask, is_causal, scale, bias)` (the
   backend's attention kernel, which every backend has so that the path
   can be forced and checked), `has_fused_kernel()` (whether it is worth

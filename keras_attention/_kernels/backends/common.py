@@ -1,5 +1,5 @@
-"""What the backends' primitives share: Keras's own fused attention and
-the slice-update KV-cache write.
+"""What the backends' primitives share: Keras's own fused attention, the
+slice-update KV-cache write and block buffers held as one tensor.
 
 Shape legend: B batch, T query length, S key length, S_max cache length,
 N query heads, K key/value heads, H head dim, V value head dim.
@@ -38,3 +38,27 @@ def slice_write_kv_cache(cache, key, value, index):
     keys = ops.slice_update(cache[:, 0], (0, index, 0, 0), key)
     values = ops.slice_update(cache[:, 1], (0, index, 0, 0), value)
     return ops.stack([keys, values], axis=1), keys, values
+
+
+def block_buffer(zeros):
+    """`zeros` `(n, ...)`, held whole: XLA updates a loop's buffer in
+    place."""
+    return zeros
+
+
+def read_block(buffer, index):
+    """Block `index` of the buffer."""
+    shape = list(ops.shape(buffer))
+    starts = [index] + [0] * (len(shape) - 1)
+    return ops.slice(buffer, starts, [1, *shape[1:]])[0]
+
+
+def write_block(buffer, index, block):
+    """The buffer with block `index` set to `block`."""
+    starts = [index] + [0] * (len(block.shape))
+    return ops.slice_update(buffer, starts, ops.expand_dims(block, 0))
+
+
+def stacked_blocks(buffer):
+    """The buffer's blocks as one tensor `(n, ...)`."""
+    return buffer

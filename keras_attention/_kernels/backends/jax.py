@@ -10,6 +10,10 @@ from keras_attention._kernels.backends import common
 PROGRAMS_TAKE_VARIABLES = True  # a jitted program gets the variables' values
 fused_kernel = common.keras_kernel  # cuDNN's flash attention on a GPU
 write_kv_cache = common.slice_write_kv_cache
+block_buffer = common.block_buffer
+read_block = common.read_block
+write_block = common.write_block
+stacked_blocks = common.stacked_blocks
 
 
 def custom_gradient(forward, backward):

@@ -98,6 +98,29 @@ def _scatter_rows(tensor, update, index):
     return tf.tensor_scatter_nd_update(tensor, indices, update)
 
 
+def block_buffer(zeros):
+    """`zeros` `(n, ...)` as a `TensorArray` of its `n` blocks: a graph
+    updates a tensor by copying all of it, a list one block."""
+    return tf.TensorArray(
+        zeros.dtype,
+        size=tf.shape(zeros)[0],
+        element_shape=zeros.shape[1:],
+        clear_after_read=False,
+    ).unstack(zeros)
+
+
+def read_block(buffer, index):
+    return buffer.read(index)
+
+
+def write_block(buffer, index, block):
+    return buffer.write(index, block)
+
+
+def stacked_blocks(buffer):
+    return buffer.stack()
+
+
 def has_fused_kernel() -> bool:
     return False
 

@@ -87,6 +87,26 @@ def write_kv_cache(cache, key, value, index):
     return cache, cache[:, 0], cache[:, 1]
 
 
+def block_buffer(zeros):
+    """`zeros` `(n, ...)`, written in place: the blockwise loops own their
+    buffers and run outside autograd (`custom_gradient`), where a
+    functional update would copy the whole buffer per block."""
+    return zeros
+
+
+def read_block(buffer, index):
+    return buffer[index]
+
+
+def write_block(buffer, index, block):
+    buffer[index] = block
+    return buffer
+
+
+def stacked_blocks(buffer):
+    return buffer
+
+
 def has_fused_kernel() -> bool:
     return True
 

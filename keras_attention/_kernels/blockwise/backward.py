@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_attention._kernels import backends
 from keras_attention._kernels.blockwise import blocks
+from keras_attention._kernels.blockwise import layout
 
 
 def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
@@ -48,10 +49,10 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
                     for total, g in zip(grad_captures, grads, strict=True)
                 ]
             grad_k = grad_k + ops.matmul(ops.swapaxes(grad_logits, 1, 2), q)
-            grad_q = blocks.query_rows(grad_query, i, c) + ops.matmul(
+            grad_q = blocks.read_block(grad_query, i) + ops.matmul(
                 grad_logits, k
-            )
-            grad_query = blocks.write_rows(grad_query, grad_q, i, c, groups)
+            )  # (P, G*C, H)
+            grad_query = blocks.write_block(grad_query, i, grad_q)
             return grad_query, grad_k, grad_v, grad_captures
 
         state = (grad_query, ops.zeros_like(k), ops.zeros_like(v))
@@ -59,14 +60,16 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
             plan, tensors, j, padded, query_block, (*state, grad_captures)
         )
         grad_query, grad_k, grad_v, grad_captures = state
-        grad_key = ops.slice_update(grad_key, (0, j * c, 0), grad_k)
-        grad_value = ops.slice_update(grad_value, (0, j * c, 0), grad_v)
+        grad_key = blocks.write_block(grad_key, j, grad_k)
+        grad_value = blocks.write_block(grad_value, j, grad_v)
         return grad_query, grad_key, grad_value, grad_captures
 
+    pairs, dtype = ops.shape(query)[0], plan.compute_dtype
+    rows = (pairs, groups * c, query.shape[-1])
     carry = (
-        ops.zeros_like(query),
-        ops.zeros_like(key),
-        ops.zeros_like(value),
+        blocks.buffer(plan.query_blocks, rows, dtype),
+        blocks.buffer(plan.key_blocks, (pairs, c, key.shape[-1]), dtype),
+        blocks.buffer(plan.key_blocks, (pairs, c, value.shape[-1]), dtype),
         # Summed over every block pair: in the compute dtype (float32 for
         # a half-precision table).
         [ops.zeros(ops.shape(x), plan.compute_dtype) for x in captures],
@@ -74,7 +77,14 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
     # Only the last key block holds padded keys.
     last = plan.key_blocks - 1 if plan.padded else plan.key_blocks
     carry = blocks.loop(0, last, key_block, carry, padded=False)
-    return blocks.loop(last, plan.key_blocks, key_block, carry, padded=True)
+    carry = blocks.loop(last, plan.key_blocks, key_block, carry, padded=True)
+    grad_query, grad_key, grad_value, grad_captures = carry
+    return (
+        layout.from_query_buffer(plan, grad_query),
+        layout.from_key_buffer(plan, grad_key),
+        layout.from_key_buffer(plan, grad_value),
+        grad_captures,
+    )
 
 
 def _scored(plan, tensors, captures, i, j, logits):

@@ -90,12 +90,21 @@ def key_rows(tensor, index, block):
     return ops.slice(tensor, (0, index * block, 0), (shape[0], block, shape[2]))
 
 
-def write_rows(tensor, rows, index, block, groups):
-    """`tensor` `(P, G, T', ...)` with query block `index` set to `rows`
-    `(P, G*C, ...)`."""
-    rows = ops.reshape(rows, (-1, groups, block, *rows.shape[2:]))
-    starts = [0, 0, index * block] + [0] * (len(tensor.shape) - 3)
-    return ops.slice_update(tensor, starts, rows)
+def buffer(count, shape, dtype):
+    """Zeros for `count` blocks of `shape`, as the backend's buffer of
+    blocks (see `backends`): the loops read and write one block at a
+    time (`read_block`, `write_block`)."""
+    return backends.current().block_buffer(ops.zeros((count, *shape), dtype))
+
+
+def read_block(blocks, index):
+    """Block `index` of a `buffer`."""
+    return backends.current().read_block(blocks, index)
+
+
+def write_block(blocks, index, block):
+    """The `buffer` with block `index` set to `block`."""
+    return backends.current().write_block(blocks, index, block)
 
 
 def score(plan, i, j, logits, held):

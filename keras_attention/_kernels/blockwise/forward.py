@@ -10,6 +10,7 @@ H head dim, V value head dim, P = B x K.
 from keras import ops
 
 from keras_attention._kernels.blockwise import blocks
+from keras_attention._kernels.blockwise import layout
 
 
 def forward(plan, query, key, value, tensors, captures):
@@ -65,13 +66,17 @@ def forward(plan, query, key, value, tensors, captures):
         safe_total = ops.where(seen, total, ops.ones_like(total))
         out = ops.where(seen[..., None], acc / safe_total[..., None], 0.0)
         row_lse = ops.where(seen, running_max + ops.log(safe_total), 0.0)
-        outputs = blocks.write_rows(outputs, out, i, c, groups)
-        lse = blocks.write_rows(lse, row_lse, i, c, groups)
+        outputs = blocks.write_block(outputs, i, out)
+        lse = blocks.write_block(lse, i, row_lse)
         return outputs, lse
 
-    rows = plan.query_blocks * c
+    rows = (pairs, groups * c)
     init = (
-        ops.zeros((pairs, groups, rows, plan.value_dim), dtype),
-        ops.zeros((pairs, groups, rows), dtype),
+        blocks.buffer(plan.query_blocks, (*rows, plan.value_dim), dtype),
+        blocks.buffer(plan.query_blocks, rows, dtype),
     )
-    return blocks.fori_loop(0, plan.query_blocks, query_block, init)
+    outputs, lse = blocks.fori_loop(0, plan.query_blocks, query_block, init)
+    return (
+        layout.from_query_buffer(plan, outputs),
+        layout.from_query_buffer(plan, lse),
+    )

@@ -8,6 +8,8 @@ H head dim, V value head dim, P = B x K.
 
 from keras import ops
 
+from keras_attention._kernels import backends
+
 
 def to_blocks(plan, query, key, value):
     """The inputs in the loops' layout, padded to whole blocks: the query
@@ -58,3 +60,27 @@ def from_key_blocks(plan, tensor, dtype):
         tensor, (-1, plan.kv_heads, plan.key_length, tensor.shape[-1])
     )  # (B, K, S, X)
     return ops.cast(ops.transpose(tensor, (0, 2, 1, 3)), dtype)
+
+
+def from_query_buffer(plan, buffer):
+    """A buffer of the query blocks' rows `(P, G*C, ...)` (see
+    `blocks.buffer`) as `(P, G, T', ...)`."""
+    tensor = backends.current().stacked_blocks(buffer)  # (T'/C, P, G*C, ...)
+    rest = tuple(tensor.shape[3:])
+    tensor = ops.reshape(
+        tensor, (plan.query_blocks, -1, plan.groups, plan.block, *rest)
+    )  # (T'/C, P, G, C, ...)
+    order = (1, 2, 0, 3, *range(4, 4 + len(rest)))
+    tensor = ops.transpose(tensor, order)  # (P, G, T'/C, C, ...)
+    return ops.reshape(
+        tensor, (-1, plan.groups, plan.query_blocks * plan.block, *rest)
+    )  # (P, G, T', ...)
+
+
+def from_key_buffer(plan, buffer):
+    """A buffer of the key blocks' rows `(P, C, X)` as `(P, S', X)`."""
+    tensor = backends.current().stacked_blocks(buffer)  # (S'/C, P, C, X)
+    tensor = ops.transpose(tensor, (1, 0, 2, 3))  # (P, S'/C, C, X)
+    return ops.reshape(
+        tensor, (-1, plan.key_blocks * plan.block, tensor.shape[-1])
+    )  # (P, S', X)
