@@ -17,11 +17,25 @@ SMALL_CHUNK = 3  # several chunks, the last one partial, at short lengths
 
 
 def path_context(path):
-    """Forces a kernel path; `auto` and `symbolic` use the dispatch."""
+    """Forces a kernel path; `flex` is the fused path through PyTorch's
+    FlexAttention; `auto` and `symbolic` use the dispatch."""
+    if path == "flex":
+        return _kernels.force("fused", flex=True)
     if path in KERNEL_PATHS:
         chunk = SMALL_CHUNK if path == "chunked" else None
         return _kernels.force(path, chunk_size=chunk)
     return contextlib.nullcontext()
+
+
+def flex_trains() -> bool:
+    """Whether FlexAttention has a backward pass here (PyTorch on a GPU;
+    on a CPU, PyTorch has none): then the gradient tests run it as a path
+    of its own."""
+    if BACKEND != "torch":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def float64_context():

@@ -24,6 +24,7 @@ import functools
 import types
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention._core.checks import is_tensor
@@ -176,9 +177,21 @@ class _Reads(keras.StatelessScope):
         return value
 
 
-def _reachable(mod):
+def with_tensors(mod):
+    """`mod` holding each NumPy array it holds as a backend tensor (a
+    compiler that traces the mod, as PyTorch's does for FlexAttention,
+    reads no NumPy arrays); `mod` itself where it holds none."""
+    arrays = [] if mod is None else _reachable(mod, arrays=True)[1]
+    if not arrays:
+        return mod
+    replaced = {id(x): ops.convert_to_tensor(x) for x in arrays}
+    return _substitute(mod, replaced, {})
+
+
+def _reachable(mod, arrays=False):
     """`(variables, tensors)`: the Keras variables and the tensors `mod`
-    holds, each once, in the order they are found."""
+    holds (with `arrays`, its NumPy arrays instead of its tensors), each
+    once, in the order they are found."""
     variables, tensors, seen = {}, {}, set()
 
     def visit(obj, depth=0):
@@ -187,7 +200,7 @@ def _reachable(mod):
         seen.add(id(obj))
         if isinstance(obj, keras.Variable):
             variables[id(obj)] = obj
-        elif is_tensor(obj):
+        elif isinstance(obj, np.ndarray) if arrays else is_tensor(obj):
             tensors[id(obj)] = obj
         elif isinstance(obj, keras.Layer):
             for variable in obj.variables:

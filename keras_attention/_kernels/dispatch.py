@@ -22,6 +22,7 @@ from keras import ops
 
 from keras_attention import _core
 from keras_attention._kernels import backends
+from keras_attention._kernels import flex as flex_kernel
 from keras_attention._kernels import runtime
 from keras_attention._kernels.blockwise import chunked_attention
 from keras_attention._kernels.blockwise import plan
@@ -135,23 +136,31 @@ _forced = {"path": None, "chunk_size": None}
 
 
 @contextlib.contextmanager
-def force(path, chunk_size=None):
+def force(path, chunk_size=None, flex=False):
     """Runs every attention call inside the context on `path`.
 
     Args:
         path: str. A name in `PATHS`, whatever the lengths or the device.
         chunk_size: int, optional. Query and key rows per block of the
             chunked path. Defaults to `CHUNK_SIZE`.
+        flex: bool. On PyTorch, the fused path runs FlexAttention (see
+            `flex`) on the inputs it takes.
     """
     if path not in PATHS:
         raise ValueError(
             f"force: `path` must be one of {sorted(PATHS)}. "
             f"Received: path={path!r}"
         )
+    if flex and path != "fused":
+        raise ValueError(
+            "force: `flex=True` is a kernel of the fused path. "
+            f"Received: path={path!r}"
+        )
     previous = dict(_forced)
     _forced.update(path=path, chunk_size=chunk_size)
     try:
-        yield
+        with flex_kernel.forced(flex):
+            yield
     finally:
         _forced.update(previous)
 

@@ -15,6 +15,7 @@ from keras import ops
 
 from keras_attention import _core
 from keras_attention._kernels import backends
+from keras_attention._kernels import flex
 
 
 def fused_attention(query, key, value, mask, structure, scale):
@@ -25,8 +26,11 @@ def fused_attention(query, key, value, mask, structure, scale):
     tensor, not both: a top-left causal structure alone reaches it as the
     flag, which lets it skip the masked blocks; any other structure is
     merged into the mask. Inputs the kernel cannot take go to the
-    reference.
+    reference. Where forced, PyTorch's FlexAttention takes the whole
+    structure instead (see `flex`).
     """
+    if flex.chosen(query, key, value):
+        return flex.attention(query, key, value, mask, structure, scale)
     primitives = backends.current()
     if refusal(query, value) is not None or structure_refusal(structure):
         return _core.reference(query, key, value, mask, scale, structure)[0]

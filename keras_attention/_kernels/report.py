@@ -15,6 +15,7 @@ from keras import ops
 from keras_attention._core.mods import Chained
 from keras_attention._core.mods import Positioned
 from keras_attention._kernels import dispatch
+from keras_attention._kernels import flex as flex_kernel
 from keras_attention._kernels import runtime
 from keras_attention._kernels.blockwise import plan
 
@@ -23,6 +24,7 @@ _PATH_NAMES = {
     "chunked": "blockwise (chunked) path",
     "reference": "reference path",
     "context_parallel": "context-parallel attention",
+    "flex": "PyTorch's flex_attention",
 }
 
 
@@ -73,14 +75,21 @@ def explain_call(query, key, value, mask, structure, weights, reason=None):
     )
     if weights and reason is not None:
         refused = {name: reason for name in refused}
-    lowering = _lowering(path, mask, structure)
-    if path == "chunked":
-        block = dispatch.call_chunk_size(query, key, mask, structure)
-        blocks = f"blocks of {block} queries and keys"
-        lowering = f"{lowering}; {blocks}" if lowering else blocks
-    if structure.mask_mod is not None or structure.score_mod is not None:
-        mods = _mods(path, query, key, structure)
-        lowering = f"{lowering}; {mods}" if lowering else mods
+    if path == "fused" and flex_kernel.chosen(query, key, value):
+        lowering = _flex(mask, structure)
+    else:
+        if keras.backend.backend() == "torch" and (
+            structure.mask_mod is not None or structure.score_mod is not None
+        ):
+            refused["flex"] = flex_kernel.not_chosen(query, key, value)
+        lowering = _lowering(path, mask, structure)
+        if path == "chunked":
+            block = dispatch.call_chunk_size(query, key, mask, structure)
+            blocks = f"blocks of {block} queries and keys"
+            lowering = f"{lowering}; {blocks}" if lowering else blocks
+        if structure.mask_mod is not None or structure.score_mod is not None:
+            mods = _mods(path, query, key, structure)
+            lowering = f"{lowering}; {mods}" if lowering else mods
     if distribution is not None:
         refused = {"context_parallel": why, **refused}
     return Explanation(path, refused, lowering, keras.backend.backend())
@@ -160,6 +169,40 @@ def _visited(query, key, structure):
         f"{table.size} block pairs visited ({100 * visited / table.size:.0f}"
         f"%; {full} without an elementwise mask), the others skipped"
     )
+
+
+def _flex(mask, structure):
+    """How the structure reaches PyTorch's FlexAttention."""
+    hiding = [
+        name
+        for name, part in (
+            ("the given mask", mask),
+            ("the band", structure.band),
+            ("the segment ids", structure.segments),
+            (
+                f"mask mod {_name(structure.mask_mod)}",
+                structure.mask_mod,
+            ),
+        )
+        if part is not None
+    ]
+    scoring = [
+        name
+        for name, present in (
+            (f"score mod {_name(structure.score_mod)}", structure.score_mod),
+            (f"soft cap at {structure.soft_cap}", structure.soft_cap),
+            ("ALiBi", structure.alibi or None),
+        )
+        if present is not None
+    ]
+    parts = ["PyTorch's flex_attention"]
+    if hiding:
+        parts.append(
+            f"{', '.join(hiding)} as one block mask (the empty blocks skipped)"
+        )
+    if scoring:
+        parts.append(f"{', then '.join(scoring)} inside the kernel")
+    return "; ".join(parts)
 
 
 def _holding(structure):

@@ -114,6 +114,11 @@ def has_fused_kernel() -> bool:
 def sparse_blocks_beat_fused() -> bool:
     # Measured on CPU (see `dispatch.SPARSE_FRACTION`); GPU kernels skip
     # masked blocks themselves and are not measured against ours.
+    return on_cpu()
+
+
+def on_cpu() -> bool:
+    """Whether Keras computes on the CPU (PyTorch's only; `flex` asks)."""
     return keras.src.backend.torch.core.get_device() == "cpu"
 
 

@@ -16,8 +16,11 @@ import keras_attention as ka
 from keras_attention import functional as F
 from keras_attention import mods
 from tests.autodiff import SMALL_CHUNK
+from tests.autodiff import TOLERANCES
 from tests.autodiff import assert_close
 from tests.autodiff import cotangents
+from tests.autodiff import error
+from tests.autodiff import flex_trains
 from tests.autodiff import np_sdpa_grads
 from tests.autodiff import path_context
 from tests.autodiff import value_and_grads
@@ -37,7 +40,10 @@ KEY_IDS = np.array(
     [[1, 1, 1, 2, 2, 2, 2, 3, 3, 0], [4, 4, 4, 4, 4, 5, 5, 5, 5, 5]]
 )
 PREFIX = np.array([3, 0])
-PATHS = ("reference", "chunked", "fused")
+# FlexAttention (forced on the fused path) is a path of its own where it
+# has a backward pass; elsewhere `test_flex_outputs_equal_float64_reference`
+# checks its outputs.
+PATHS = ("reference", "chunked", "fused", *(("flex",) if flex_trains() else ()))
 
 
 def per_head(batch, head, q_idx, kv_idx):
@@ -209,20 +215,20 @@ def check(cases, arrays, visible, transform=None, held_grads=None):
         )
 
 
-@pytest.mark.parametrize(
-    "name, structure",
-    [
-        ("prefix_lm", {"is_causal": True}),
-        ("chunked", {"sliding_window": 3, "segment_ids": (QUERY_IDS, KEY_IDS)}),
-        ("sinks or window", {"is_causal": "bottom_right"}),
-        # Built-in mods that cannot join the arguments' structure (another
-        # alignment, a second set of ids) stay mods; one that can narrows
-        # the band.
-        ("causal", {"is_causal": "bottom_right"}),
-        ("document", {"segment_ids": (QUERY_IDS, np.roll(KEY_IDS, 1, 1))}),
-        ("window (2, 1)", {"is_causal": True}),
-    ],
-)
+COMBINED = [  # a mask mod and the structure arguments it meets
+    ("prefix_lm", {"is_causal": True}),
+    ("chunked", {"sliding_window": 3, "segment_ids": (QUERY_IDS, KEY_IDS)}),
+    ("sinks or window", {"is_causal": "bottom_right"}),
+    # Built-in mods that cannot join the arguments' structure (another
+    # alignment, a second set of ids) stay mods; one that can narrows the
+    # band.
+    ("causal", {"is_causal": "bottom_right"}),
+    ("document", {"segment_ids": (QUERY_IDS, np.roll(KEY_IDS, 1, 1))}),
+    ("window (2, 1)", {"is_causal": True}),
+]
+
+
+@pytest.mark.parametrize("name, structure", COMBINED)
 def test_mask_mods_combine_with_the_structure_arguments(name, structure):
     q, k, v, mask = inputs("gqa")
     mod, spec = MASK_MODS[name]
@@ -422,12 +428,124 @@ def test_score_mod_variables_get_gradients_on_every_path():
             names,
         )
     assert np.abs(variable_grads[0]).max() > 1e-3
-    # One variable, three paths: its gradient is the sum of three equal
+    # One variable on every path: its gradient is the sum of equal
     # contributions, each the reference's.
     reference_only = run_cases([(PATHS[0], fns[0])], (q, k, v, shift), [scale])
     np.testing.assert_allclose(
-        variable_grads[0], 3 * reference_only[2][0], rtol=1e-4, atol=1e-5
+        variable_grads[0],
+        len(PATHS) * reference_only[2][0],
+        rtol=1e-4,
+        atol=1e-5,
     )
+
+
+FLEX_CASES = {  # name: (layout, mask mod, score mod, structure, dtype)
+    **{
+        f"{name} {layout}": (layout, name, None, {}, "float32")
+        for name in MASK_MODS
+        for layout in LAYOUTS
+    },
+    **{
+        f"{name} with {sorted(structure)}": (
+            "gqa",
+            name,
+            None,
+            structure,
+            "float32",
+        )
+        for name, structure in COMBINED
+    },
+    **{
+        f"relative bias {layout}": (
+            layout,
+            "sinks or window",
+            "relative",
+            {},
+            "float32",
+        )
+        for layout in LAYOUTS
+    },
+    **{
+        f"{score} {dtype}": ("gqa", None, score, {}, dtype)
+        for score in ("soft cap", "alibi")
+        for dtype in ("float32", "bfloat16")
+    },
+    "every argument": (
+        "gqa",
+        "per batch and head",
+        "relative",
+        {"segment_ids": (QUERY_IDS, KEY_IDS), "alibi": True},
+        "float32",
+    ),
+    "soft cap then alibi": (
+        "gqa",
+        "causal chunks",
+        None,
+        {"logit_soft_cap": 3.0, "alibi": True},
+        "float32",
+    ),
+}
+
+
+def flex_score_mod(name, heads):
+    """`(score mod, transform of np_sdpa_grads)` of a case of FLEX_CASES."""
+    if name == "relative":
+        table = rng(1).standard_normal((8, heads)).astype("float32")
+        return relative_bias(table), {"bias": np_relative_bias(table, heads)}
+    if name == "soft cap":
+        return mods.soft_cap(2.0), {"soft_cap": 2.0}
+    if name == "alibi":
+        return mods.alibi(heads), {"bias": np_alibi_bias(heads, T, S)}
+    return None, {}
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="FlexAttention is PyTorch's"
+)
+@pytest.mark.parametrize("case", list(FLEX_CASES))
+def test_flex_outputs_equal_float64_reference(case):
+    """The fused path forced through PyTorch's FlexAttention: each mask
+    mod with a padding mask and a query that sees no key, with the
+    structure arguments, and the score mods, against the float64
+    reference (outputs: on a CPU, PyTorch has no backward pass for it;
+    on a GPU the gradient tests run it as a path of their own)."""
+    import torch
+
+    layout, name, score, structure, dtype = FLEX_CASES[case]
+    q, k, v, mask = inputs(layout)
+    heads = heads_of(q)
+    mask_mod, spec = MASK_MODS[name] if name else (None, None)
+    score_mod, transform = flex_score_mod(score, heads)
+    hiding = {  # the structure arguments that hide keys
+        k: v
+        for k, v in structure.items()
+        if k not in ("alibi", "logit_soft_cap")
+    }
+    if spec is None:
+        visible = np.broadcast_to(
+            np_structure_mask(B, T, S, **hiding)[:, None] & mask[:, None],
+            (B, heads, T, S),
+        )
+    else:
+        visible = np_visible(spec, q, mask, **hiding)
+    if structure.get("alibi"):
+        alibi = np_alibi_bias(heads, T, S)
+        transform["bias"] = transform.get("bias", 0.0) + alibi
+    if "logit_soft_cap" in structure:
+        transform["soft_cap"] = structure["logit_soft_cap"]
+    arguments = dict(mask=mask, mask_mod=mask_mod, score_mod=score_mod)
+    inputs_ = [ops.cast(x, dtype) for x in (q, k, v)]
+    with torch.no_grad(), path_context("flex"):
+        report = str(F.explain(*inputs_, **arguments, **structure))
+        output = F.scaled_dot_product_attention(
+            *inputs_, **arguments, **structure
+        )
+    assert "PyTorch's flex_attention" in report, report
+    want = np_sdpa_grads(
+        q, k, v, visible, False, np.zeros(output.shape), **transform
+    )[0]
+    got = ops.convert_to_numpy(ops.cast(output, "float32"))
+    assert error(got, want) <= TOLERANCES[dtype][0], error(got, want)
 
 
 _HIDDEN_SCALE = []
@@ -489,10 +607,15 @@ def test_hidden_keys_get_exactly_zero_gradients():
 )
 def test_bad_mask_mods_raise(mod, message):
     q, k, v, _ = inputs("gqa")
-    with pytest.raises(
-        ValueError, match=f"scaled_dot_product_attention: .*{message}"
-    ):
-        F.scaled_dot_product_attention(q, k, v, mask_mod=mod)
+    flex = ("flex",) if keras.backend.backend() == "torch" else ()
+    for path in ("auto", *flex):
+        with (
+            path_context(path),
+            pytest.raises(
+                ValueError, match=f"scaled_dot_product_attention: .*{message}"
+            ),
+        ):
+            F.scaled_dot_product_attention(q, k, v, mask_mod=mod)
 
 
 @pytest.mark.parametrize(
@@ -505,7 +628,8 @@ def test_bad_mask_mods_raise(mod, message):
 )
 def test_bad_score_mods_raise(mod, message):
     q, k, v, _ = inputs("gqa")
-    for path in ("reference", "chunked"):
+    flex = ("flex",) if keras.backend.backend() == "torch" else ()
+    for path in ("reference", "chunked", *flex):
         with (
             path_context(path),
             pytest.raises(
