@@ -49,10 +49,14 @@ CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 # of block pairs it visits is below 1. Fitted with benchmarks/paths.py
 # (attention alone, B=8, 8 heads of 64, float32, T = 512-2048, full and
 # causal) on a 2-core CPU: TensorFlow, which runs the kernel's loops as
-# a graph of small steps without XLA, takes 1.1-1.4x the reference's
-# time with every block pair (XLA-compiling the loops' bodies inside the
-# graph did not change it); JAX's compiled loops take 0.8-0.9x.
-BLOCKWISE_COST = {"tensorflow": 1.3, "jax": 0.85}
+# a graph of small steps without XLA, takes 1.24-1.49x the reference's
+# time per block pair where it skips some (causal; two runs), 1.57-1.77x
+# where it visits all of them (XLA-compiling the loops' bodies inside
+# the graph did not change it), so causal attention at T=512, which
+# visits 3 of 4 block pairs, is faster on the reference; JAX's compiled
+# loops take 0.6-1.0x for full attention from T=1024 and 1.1-1.2x per
+# visited block pair for causal attention.
+BLOCKWISE_COST = {"tensorflow": 1.45, "jax": 0.85}
 # The reference holds the (B, N, T, S) weights and their gradient: it is
 # chosen only while those weights take at most this many bytes in
 # float32, an unknown batch counted as `UNKNOWN_BATCH` rows.
@@ -136,25 +140,27 @@ _forced = {"path": None, "chunk_size": None}
 
 
 @contextlib.contextmanager
-def force(path, chunk_size=None, flex=False):
+def force(path, chunk_size=None, flex=None):
     """Runs every attention call inside the context on `path`.
 
     Args:
         path: str. A name in `PATHS`, whatever the lengths or the device.
         chunk_size: int, optional. Query and key rows per block of the
             chunked path. Defaults to `CHUNK_SIZE`.
-        flex: bool. On PyTorch, the fused path runs FlexAttention (see
-            `flex`) on the inputs it takes.
+        flex: str, optional. On PyTorch, the fused path runs
+            FlexAttention (see `flex`) on the inputs it takes,
+            `"compiled"` or `"eager"`.
     """
     if path not in PATHS:
         raise ValueError(
             f"force: `path` must be one of {sorted(PATHS)}. "
             f"Received: path={path!r}"
         )
-    if flex and path != "fused":
+    if flex not in (None, *flex_kernel.MODES) or (flex and path != "fused"):
         raise ValueError(
-            "force: `flex=True` is a kernel of the fused path. "
-            f"Received: path={path!r}"
+            "force: `flex` must be None, or one of "
+            f"{flex_kernel.MODES} with the fused path. "
+            f"Received: path={path!r}, flex={flex!r}"
         )
     previous = dict(_forced)
     _forced.update(path=path, chunk_size=chunk_size)
