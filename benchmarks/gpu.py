@@ -20,7 +20,11 @@ T = 1024, 4096, 16384) and 16 heads of 64 or 128, causal and not:
   `mixed_bfloat16` (the four projections, SGD on a mean squared error):
   ms, tokens/s and TFLOP/s;
 * `generation` rows: greedy generation with our KV cache (the model of
-  `generation.py`, its compiled loop) at batch 1 and 64: tokens/s.
+  `generation.py`, its compiled loop) at batch 1 and 64: tokens/s;
+* `mods` rows: attention with a mask mod (8 documents, chunks, a
+  prefix-LM mask), forward and backward, as dispatched, as a dense mask
+  and, on PyTorch, through FlexAttention (compiled): ms, and FlexAttention's
+  largest difference from the dispatched path.
 
 Attention FLOPs are those of its two matmuls, 4·B·N·T²·H (half of it
 causal); the backward does 2.5 times the forward's, as FlashAttention's
@@ -208,6 +212,108 @@ def attention_job(sizes, gpu, length, head_dim, causal):
     return row
 
 
+def mods_job(sizes, gpu, pattern):
+    """A mask mod's attention, bfloat16, forward and backward, at the
+    first length and head dim 64: as dispatched (`mod`), the same pattern
+    as a dense `(B, T, S)` mask (`dense`) and, on PyTorch, through
+    FlexAttention (`flex`, the fused path forced to it, compiled), with
+    the largest difference of its output and gradients from the
+    dispatched path's (output and the gradients of q, k and v) and its
+    first call's time (compiling included)."""
+    length, head_dim = sizes.lengths[0], sizes.head_dims[-1]
+    batch = sizes.tokens // length
+    shape = (batch, length, sizes.heads, head_dim)  # (B, T, N, H)
+    q, k, v = (
+        keras.random.normal(shape, dtype="bfloat16", seed=i) for i in range(3)
+    )
+    mod = pattern_mod(pattern, batch, length)
+    dense = dense_mask(mod, batch, length)  # (B, T, T)
+    candidates = {
+        "mod": lambda q, k, v: functional.scaled_dot_product_attention(
+            q, k, v, mask_mod=mod
+        ),
+        "dense": lambda q, k, v: functional.scaled_dot_product_attention(
+            q, k, v, mask=dense
+        ),
+    }
+    row = {
+        "kind": "mods",
+        "pattern": pattern,
+        "length": length,
+        "batch": batch,
+        "heads": sizes.heads,
+        "head_dim": head_dim,
+        "path": functional.explain(q, k, v, mask_mod=mod).path,
+    }
+    if BACKEND == "torch" and gpu:
+        candidates["flex"] = forced_flex(candidates["mod"])
+    elif BACKEND == "torch":
+        row["flex"] = "not run: PyTorch has no backward pass for it on a CPU"
+    results = {}
+    for label, fn in candidates.items():
+        call, _ = prepared(with_backward(fn), (q, k, v))
+        start = time.perf_counter()
+        grads = block(call())
+        row[f"{label}_first_call_s"] = time.perf_counter() - start
+        row[f"{label}_fwdbwd_ms"] = seconds_per_call(call) * 1e3
+        results[label] = (fn(q, k, v), *grads)
+    for label in candidates:
+        if label != "mod":
+            row[f"mod_over_{label}"] = (
+                row[f"{label}_fwdbwd_ms"] / row["mod_fwdbwd_ms"]
+            )
+    if "flex" in results:
+        ops = keras.ops
+        row["flex_largest_difference"] = max(
+            float(
+                ops.max(
+                    ops.abs(ops.cast(a, "float32") - ops.cast(b, "float32"))
+                )
+            )
+            for a, b in zip(results["flex"], results["mod"], strict=True)
+        )
+    return row
+
+
+def pattern_mod(pattern, batch, length):
+    """The mask mod of `mods.py`'s patterns at this size: 8 documents, a
+    prefix of half the sequence, or chunks of an eighth of it."""
+    import numpy as np
+
+    from keras_attention import mods
+
+    if pattern == "document":
+        ids = np.repeat(np.arange(1, 9), length // 8)  # (T,)
+        return mods.document(np.tile(ids, (batch, 1)).astype("int32"))
+    if pattern == "prefix_lm":
+        return mods.prefix_lm(np.full((batch,), length // 2, "int32"))
+    return mods.chunked(length // 8)
+
+
+def dense_mask(mod, batch, length):
+    """`mod` evaluated on the whole grid: a boolean `(B, T, T)` mask."""
+    ops = keras.ops
+    steps = ops.arange(length, dtype="int32")
+    visible = mod(
+        ops.reshape(ops.arange(batch, dtype="int32"), (-1, 1, 1, 1)),
+        ops.zeros((1, 1, 1, 1), "int32"),
+        ops.reshape(steps, (1, 1, -1, 1)),
+        ops.reshape(steps, (1, 1, 1, -1)),
+    )
+    return ops.broadcast_to(visible, (batch, 1, length, length))[:, 0]
+
+
+def forced_flex(fn):
+    """`fn` with the fused path forced through FlexAttention."""
+    from keras_attention import _kernels
+
+    def flex(q, k, v):
+        with _kernels.force("fused", flex="compiled"):
+            return fn(q, k, v)
+
+    return flex
+
+
 def layer_job(sizes, gpu, length, head_dim, causal):
     batch = sizes.tokens // length
     dim = sizes.heads * head_dim
@@ -270,7 +376,9 @@ def jobs(sizes):
     listed = [(attention_job, (first, d, c)) for d, c in grid]
     typical = (first, sizes.head_dims[0], sizes.causal[-1])  # causal
     listed.append((layer_job, typical))
+    listed.append((mods_job, ("document",)))
     listed += [(generation_job, (batch,)) for batch in sizes.batches]
+    listed += [(mods_job, (pattern,)) for pattern in ("chunked", "prefix_lm")]
     listed += [(attention_job, (t, d, c)) for t in others for d, c in grid]
     listed += [
         (layer_job, (t, d, c))

@@ -84,6 +84,16 @@ TESTS = (
     "test_mask_mod_paths_equal_float64_reference",
     "tests/unit/kernels/test_mod_paths.py::"
     "test_mask_mods_combine_with_the_structure_arguments",
+    # With a GPU, FlexAttention is a path of these tests (uncompiled; the
+    # compiled kernel is compared in gpu.py's `mods` rows).
+    "tests/unit/kernels/test_mod_paths.py::"
+    "test_relative_position_bias_and_its_table_gradients",
+    "tests/unit/kernels/test_mod_paths.py::"
+    "test_score_mod_variables_get_gradients_on_every_path",
+    "tests/unit/kernels/test_mod_paths.py::"
+    "test_hidden_keys_get_exactly_zero_gradients",
+    "tests/unit/kernels/test_mod_paths.py::"
+    "test_flex_outputs_equal_float64_reference",
     "tests/contract/test_paths_layers.py",
     "tests/unit/layers/test_multi_head_attention.py::"
     "test_cached_decoding_equals_full_causal_forward",

@@ -217,6 +217,7 @@ def bench_tables(backend, bench):
                 f"| {row['causal']} | {row['step_ms']:.2f} "
                 f"| {row['tflops']:.1f} |"
             )
+    lines += mods_table(rows)
     for row in rows:
         if row["kind"] == "generation":
             lines.append(
@@ -226,6 +227,37 @@ def bench_tables(backend, bench):
     for key in ("skipped", "failed"):
         if bench.get(key):
             lines += ["", f"{key}: {'; '.join(bench[key])}"]
+    return lines
+
+
+def mods_table(rows):
+    """The `mods` rows: forward and backward ms of each candidate, the
+    dispatched path's speed-up over each, FlexAttention's difference."""
+    rows = [row for row in rows if row["kind"] == "mods"]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "| mask mod: pattern | T | B | path | mod ms | dense ms | flex ms "
+        "(first call s) | mod over dense | mod over flex | flex difference |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        flex, over_flex, difference = "-", "-", "-"
+        if "flex_fwdbwd_ms" in row:
+            flex = (
+                f"{row['flex_fwdbwd_ms']:.2f} ({row['flex_first_call_s']:.0f})"
+            )
+            over_flex = f"{row['mod_over_flex']:.2f}x"
+            difference = f"{row['flex_largest_difference']:.2g}"
+        elif "flex" in row:
+            flex = row["flex"]
+        lines.append(
+            f"| {row['pattern']} | {row['length']} | {row['batch']} "
+            f"| {row['path']} | {row['mod_fwdbwd_ms']:.2f} "
+            f"| {row['dense_fwdbwd_ms']:.2f} | {flex} "
+            f"| {row['mod_over_dense']:.2f}x | {over_flex} | {difference} |"
+        )
     return lines
 
 

@@ -18,9 +18,10 @@ SMALL_CHUNK = 3  # several chunks, the last one partial, at short lengths
 
 def path_context(path):
     """Forces a kernel path; `flex` is the fused path through PyTorch's
-    FlexAttention; `auto` and `symbolic` use the dispatch."""
+    FlexAttention, uncompiled (the lowering; `benchmarks/gpu.py` compares
+    the compiled kernel); `auto` and `symbolic` use the dispatch."""
     if path == "flex":
-        return _kernels.force("fused", flex=True)
+        return _kernels.force("fused", flex="eager")
     if path in KERNEL_PATHS:
         chunk = SMALL_CHUNK if path == "chunked" else None
         return _kernels.force(path, chunk_size=chunk)

@@ -5,11 +5,13 @@ empty), the score mod, soft cap and ALiBi one `score_mod`, in the order
 the reference applies them.
 
 The fused path takes it only where forced (`dispatch.force("fused",
-flex=True)`): the dispatch picks a path where it is measured faster, and
-FlexAttention has not been measured on a GPU yet (`benchmarks/gpu.py`
-measures it against the fused kernel on a dense mask). On a CPU, PyTorch
-has no backward pass for it, and it runs uncompiled, so it is forced there
-only to check its outputs.
+flex="compiled")`, or `"eager"`: PyTorch's uncompiled reference
+implementation, which holds the whole `(B, N, T, S)` logits and checks
+the lowering quickly): the dispatch picks a path where it is measured
+faster, and FlexAttention has not been measured on a GPU yet
+(`benchmarks/gpu.py` measures it against the fused kernel on a dense
+mask and the blockwise path). On a CPU, PyTorch has no backward pass for
+it.
 
 Shape legend: B batch, T query length, S key length, N query heads,
 K key/value heads, H head dim, V value head dim.
@@ -26,7 +28,8 @@ from keras_attention._core.builtins import Alibi
 from keras_attention._core.builtins import SoftCap
 from keras_attention._core.mods import with_tensors
 
-_forced = {"flex": False}
+MODES = ("compiled", "eager")
+_forced = {"flex": None}  # a mode, or None: not forced
 
 
 def refusal(query, key, value):
@@ -63,11 +66,12 @@ def not_chosen(query, key, value):
 
 
 @contextlib.contextmanager
-def forced(enabled=True):
+def forced(mode="compiled"):
     """Inside the context, the fused path runs FlexAttention on the
-    inputs it takes (`enabled`), or never."""
+    inputs it takes, compiled or eager (`mode` in `MODES`), or never
+    (`None`)."""
     previous = _forced["flex"]
-    _forced["flex"] = enabled
+    _forced["flex"] = mode
     try:
         yield
     finally:
@@ -76,7 +80,7 @@ def forced(enabled=True):
 
 def chosen(query, key, value) -> bool:
     """Whether the fused path runs FlexAttention for these inputs."""
-    return _forced["flex"] and refusal(query, key, value) is None
+    return _forced["flex"] is not None and refusal(query, key, value) is None
 
 
 def attention(query, key, value, mask, structure, scale):
@@ -113,9 +117,9 @@ def attention(query, key, value, mask, structure, scale):
             visible, batch, heads, length, key_length, device=query.device
         )
     with warnings.catch_warnings():
-        # Uncompiled (a CPU): PyTorch warns that it is slow.
+        # Uncompiled, PyTorch warns that it is slow.
         warnings.simplefilter("ignore", UserWarning)
-        output = _kernel(query.device.type)(
+        output = _kernel(_forced["flex"] == "compiled")(
             query,
             key,
             value,
@@ -138,12 +142,11 @@ def _check_mods(structure, heads, rows, cols):
 
 
 @functools.cache
-def _kernel(device_type):
-    """`flex_attention`, compiled on a GPU (uncompiled, it is a reference
-    implementation that holds the whole `(B, N, T, S)` logits)."""
+def _kernel(compiled):
+    """`flex_attention`, compiled or not."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    if device_type == "cpu":
+    if not compiled:
         return flex_attention
     import torch
 

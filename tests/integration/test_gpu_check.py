@@ -76,7 +76,7 @@ def test_the_benchmark_wrote_every_kind_of_row(dry_run):
     assert bench["backend"] == BACKEND and bench["quick"]
     assert not bench["failed"] and not bench["skipped"]
     rows = {row["kind"]: row for row in bench["rows"]}
-    assert sorted(rows) == ["attention", "generation", "layer"]
+    assert sorted(rows) == ["attention", "generation", "layer", "mods"]
     attention = rows["attention"]
     for name in ("ours", "raw"):
         for part in ("fwd", "fwdbwd"):
@@ -85,3 +85,13 @@ def test_the_benchmark_wrote_every_kind_of_row(dry_run):
     assert attention["path"] in ("reference", "chunked", "fused")
     assert rows["layer"]["step_ms"] > 0
     assert rows["generation"]["tokens_per_s"] > 0
+    patterns = [
+        row["pattern"] for row in bench["rows"] if row["kind"] == "mods"
+    ]
+    assert patterns == ["document", "chunked", "prefix_lm"]
+    mods = rows["mods"]
+    assert mods["mod_fwdbwd_ms"] > 0 and mods["mod_over_dense"] > 0
+    if BACKEND == "torch":  # no backward pass on a CPU: measured on a GPU
+        assert mods["flex"].startswith("not run")
+    summary = (out / "summary.md").read_text()
+    assert "| mask mod: pattern |" in summary
