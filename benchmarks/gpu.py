@@ -217,17 +217,18 @@ def mods_job(sizes, gpu, pattern):
     first length and head dim 64: as dispatched (`mod`), the same pattern
     as a dense `(B, T, S)` mask (`dense`) and, on PyTorch, through
     FlexAttention (`flex`, the fused path forced to it, compiled), with
-    the largest difference of its output and gradients from the
-    dispatched path's (output and the gradients of q, k and v) and its
-    first call's time (compiling included)."""
+    the largest difference of its output and q, k, v gradients from the
+    dispatched path's and its first call's time (compiling included);
+    the patterns are those of `mods.py`."""
+    from mods import patterns
+
     length, head_dim = sizes.lengths[0], sizes.head_dims[-1]
     batch = sizes.tokens // length
     shape = (batch, length, sizes.heads, head_dim)  # (B, T, N, H)
     q, k, v = (
         keras.random.normal(shape, dtype="bfloat16", seed=i) for i in range(3)
     )
-    mod = pattern_mod(pattern, batch, length)
-    dense = dense_mask(mod, batch, length)  # (B, T, T)
+    mod, dense = patterns(length, batch)[pattern]  # dense: (B, T, T)
     candidates = {
         "mod": lambda q, k, v: functional.scaled_dot_product_attention(
             q, k, v, mask_mod=mod
@@ -273,34 +274,6 @@ def mods_job(sizes, gpu, pattern):
             for a, b in zip(results["flex"], results["mod"], strict=True)
         )
     return row
-
-
-def pattern_mod(pattern, batch, length):
-    """The mask mod of `mods.py`'s patterns at this size: 8 documents, a
-    prefix of half the sequence, or chunks of an eighth of it."""
-    import numpy as np
-
-    from keras_attention import mods
-
-    if pattern == "document":
-        ids = np.repeat(np.arange(1, 9), length // 8)  # (T,)
-        return mods.document(np.tile(ids, (batch, 1)).astype("int32"))
-    if pattern == "prefix_lm":
-        return mods.prefix_lm(np.full((batch,), length // 2, "int32"))
-    return mods.chunked(length // 8)
-
-
-def dense_mask(mod, batch, length):
-    """`mod` evaluated on the whole grid: a boolean `(B, T, T)` mask."""
-    ops = keras.ops
-    steps = ops.arange(length, dtype="int32")
-    visible = mod(
-        ops.reshape(ops.arange(batch, dtype="int32"), (-1, 1, 1, 1)),
-        ops.zeros((1, 1, 1, 1), "int32"),
-        ops.reshape(steps, (1, 1, -1, 1)),
-        ops.reshape(steps, (1, 1, 1, -1)),
-    )
-    return ops.broadcast_to(visible, (batch, 1, length, length))[:, 0]
 
 
 def forced_flex(fn):

@@ -33,43 +33,43 @@ D, N, BATCH = 512, 8, 2
 CANDIDATES = ("mod", "dense", "keras_mha")
 
 
-def patterns(length):
-    """`{name: (mask mod, dense (B, T, T) mask)}`."""
+def patterns(length, batch=BATCH):
+    """`{name: (mask mod, dense (B, T, T) mask)}` for `batch` rows."""
     from keras import ops
 
     from keras_attention import mods
 
     i, j = np.arange(length)[:, None], np.arange(length)[None, :]
     prefix = length // 2
-    ids = np.repeat(np.arange(1, 9), length // 8)[None].repeat(BATCH, 0)
+    ids = np.repeat(np.arange(1, 9), length // 8)[None].repeat(batch, 0)
     chunk = min(512, length // 8)
     built = {
         "prefix_lm": (
-            mods.prefix_lm(np.full(BATCH, prefix, "int32")),
+            mods.prefix_lm(np.full(batch, prefix, "int32")),
             (j < prefix) | (j <= i),
         ),
         "document": (mods.document(ids), ids[0][:, None] == ids[0][None, :]),
         "chunked": (mods.chunked(chunk), i // chunk == j // chunk),
     }
     for name, (mod, dense) in built.items():
-        visible = ops.convert_to_numpy(mod(*_grid(length)))
+        visible = ops.convert_to_numpy(mod(*_grid(length, batch)))
         assert np.array_equal(
-            np.broadcast_to(visible, (BATCH, 1, *dense.shape))[0, 0], dense
+            np.broadcast_to(visible, (batch, 1, *dense.shape))[0, 0], dense
         ), name
     return {
         name: (
             mod,
             np.ascontiguousarray(
-                np.broadcast_to(dense, (BATCH, length, length))
+                np.broadcast_to(dense, (batch, length, length))
             ),
         )
         for name, (mod, dense) in built.items()
     }
 
 
-def _grid(length):
+def _grid(length, batch):
     return (
-        np.arange(BATCH, dtype="int32").reshape(-1, 1, 1, 1),
+        np.arange(batch, dtype="int32").reshape(-1, 1, 1, 1),
         np.zeros((1, 1, 1, 1), "int32"),
         np.arange(length, dtype="int32").reshape(1, 1, -1, 1),
         np.arange(length, dtype="int32").reshape(1, 1, 1, -1),

@@ -111,11 +111,15 @@ def heads_of(q):
 
 
 def np_visible(spec, q, mask, **structure):
-    """The reference `(B, N, T, S)` visibility of a case."""
+    """The reference `(B, N, T, S)` visibility of a case (`spec=None`:
+    without a mask mod)."""
     heads = heads_of(q)
-    visible = (
-        spec(heads) if callable(spec) else np_mask_mod(spec, B, heads, T, S)
-    )
+    if spec is None:
+        visible = np.ones((B, heads, T, S), bool)
+    elif callable(spec):
+        visible = spec(heads)
+    else:
+        visible = np_mask_mod(spec, B, heads, T, S)
     visible = visible & np_structure_mask(B, T, S, **structure)[:, None]
     return visible & mask[:, None]
 
@@ -521,13 +525,7 @@ def test_flex_outputs_equal_float64_reference(case):
         for k, v in structure.items()
         if k not in ("alibi", "logit_soft_cap")
     }
-    if spec is None:
-        visible = np.broadcast_to(
-            np_structure_mask(B, T, S, **hiding)[:, None] & mask[:, None],
-            (B, heads, T, S),
-        )
-    else:
-        visible = np_visible(spec, q, mask, **hiding)
+    visible = np_visible(spec, q, mask, **hiding)
     if structure.get("alibi"):
         alibi = np_alibi_bias(heads, T, S)
         transform["bias"] = transform.get("bias", 0.0) + alibi
