@@ -147,22 +147,9 @@ class Segments:
         key = _gather_rows(self.key_ids, batch, kv_idx)
         return ops.logical_and(ops.equal(query, key), ops.not_equal(key, 0))
 
-    def reach(self, query_ids, key_ids, block):
-        """The block ranges the ids leave, for ids padded to whole blocks
-        of `block` with 0: for each query block the first and one past
-        the last key block holding one of its ids in some row of the
-        batch, `(T'/C,)` twice; the same for each key block over the
-        query blocks, `(S'/C,)` twice.
-
-        A block's ids span `[lo, hi]` (0, padding, left out); two blocks
-        can share an id only where their spans overlap, and a range
-        covers every block between its first and last overlap."""
-        meets, _ = self._pairs(query_ids, key_ids, block)
-        return (*_first_and_end(meets), *_first_and_end(ops.transpose(meets)))
-
     def block_kinds(self, query_ids, key_ids, block):
-        """Each block pair of ids padded as for `reach`, int32
-        `(T'/C, S'/C)`: 0 where the blocks' id spans meet in no row of
+        """Each block pair of ids padded to whole blocks of `block` with 0
+        (hidden), int32 `(T'/C, S'/C)`: 0 where the blocks' id spans meet in no row of
         the batch, 2 where both blocks hold one id, the same, in every
         row, else 1 (as `Band.block_kinds`)."""
         meets, whole = self._pairs(query_ids, key_ids, block)
@@ -170,7 +157,9 @@ class Segments:
 
     def _pairs(self, query_ids, key_ids, block):
         """Block pairs `(T'/C, S'/C)` whose id spans meet in some row, and
-        those that are one id, the same, in every row."""
+        those that are one id, the same, in every row. A block's ids
+        span `[lo, hi]` (0, padding, left out); two blocks can share an
+        id only where their spans overlap."""
         query_lo, query_hi = _id_span(query_ids, block)  # (B, T'/C)
         key_lo, key_hi = _id_span(key_ids, block)  # (B, S'/C)
         lengths = [static_length(x) for x in (self.query_ids, self.key_ids)]
@@ -303,15 +292,6 @@ def _one_id(ids, low, high, block, length):
     ids = ops.reshape(ids, (ops.shape(ids)[0], -1, block))  # (B, n, C)
     padding = ops.any(ops.logical_and(ops.equal(ids, 0), real), axis=-1)
     return ops.logical_and(ops.equal(low, high), ops.logical_not(padding))
-
-
-def _first_and_end(meets):
-    """For each row of `meets` `(n, m)`: its first true column and one
-    past its last, int32 `(n,)` twice (`m` and `0` for a row with none)."""
-    columns = ops.arange(meets.shape[1], dtype="int32")
-    first = ops.min(ops.where(meets, columns, meets.shape[1]), -1)
-    end = ops.max(ops.where(meets, columns + 1, 0), -1)
-    return first, end
 
 
 def static_length(ids):

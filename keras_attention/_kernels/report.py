@@ -234,7 +234,8 @@ def _lowering(path, mask, structure):
         if structure.has_segments:
             parts.append(
                 "key blocks that share no segment id with a query block "
-                "skipped; segment ids compared inside the others"
+                "skipped; segment ids compared only inside the blocks that "
+                "hold more than one"
             )
     elif (
         path == "fused"

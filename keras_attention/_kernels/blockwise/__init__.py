@@ -16,12 +16,12 @@ only, and the backward pass visits, for key block `j`, query blocks
 `j..` only, which skips about half of the work for `T = S`; only the
 diagonal block applies the causal condition. Any other band (bottom-right
 alignment, a sliding window) visits the key blocks the band reaches and
-applies the band, the padded keys and the segment ids in every block.
-Segment ids narrow the range further: a block pair whose query and key
-ids share no value in any row of the batch is left out (packed
-sequences reach only the blocks of their own documents). Which blocks
-those are depends on the ids, so the ranges are computed on the device,
-once per call, from each block's smallest and largest id.
+applies the band only in the ones it cuts. Segment ids and mask mods
+depend on the data, so a map of the block pairs is computed on the
+device once per call (for segment ids, from each block's smallest and
+largest id): a pair is empty (never visited: packed sequences reach
+only the blocks of their own documents), full (visited without an
+elementwise mask) or partial (visited with it).
 
 Shape legend: B batch, T query length, S key length, C block rows,
 N query heads, K key/value heads, G = N // K queries per key/value head,

@@ -104,9 +104,9 @@ def _scored(plan, tensors, captures, i, j, logits):
 def _query_blocks(plan, tensors, j, padded, query_block, state):
     """`query_block` over the query blocks that see key block `j`, each
     with the structure it must apply."""
-    if plan.mask_mod is not None:
+    if plan.by_map:
         return blocks.visit(plan, tensors.query_lists, j, query_block, state)
-    bounds = plan.query_spans(j, tensors)
+    bounds = plan.query_spans(j)
     if plan.is_causal:
         # The diagonal block, first in the range, is the causal edge.
         start, end = bounds[:2]

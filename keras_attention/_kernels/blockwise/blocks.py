@@ -62,8 +62,6 @@ def spans(plan, bounds, body, carry, padded):
     every block holds padded keys."""
     start, end, full_start, full_end = bounds
     partial = Edge(padded=padded, partial=True)
-    if full_start is end and full_end is end:  # none full (segment ids)
-        return loop(start, end, body, carry, edge=partial)
     carry = loop(start, full_start, body, carry, edge=partial)
     carry = loop(full_start, full_end, body, carry, edge=Edge(padded=padded))
     return loop(full_end, end, body, carry, edge=partial)

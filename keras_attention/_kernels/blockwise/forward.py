@@ -49,17 +49,17 @@ def forward(plan, query, key, value, tensors, captures):
             ops.zeros(shape, dtype),
             ops.zeros((*shape, plan.value_dim), dtype),
         )
-        bounds = plan.key_spans(i, tensors)
-        if plan.mask_mod is not None:
+        if plan.by_map:
             state = blocks.visit(plan, tensors.key_lists, i, key_block, state)
         elif plan.is_causal or plan.structure.is_empty:
             # Every block whole but the last: the diagonal, or the one
             # with the padded keys.
-            last = bounds[1] - 1
+            last = plan.key_spans(i)[1] - 1
             state = blocks.loop(0, last, key_block, state, edge=blocks.Edge())
             edge = blocks.Edge(padded=plan.padded, partial=plan.is_causal)
             state = key_block(last, state, edge=edge)
         else:
+            bounds = plan.key_spans(i)
             state = blocks.spans(plan, bounds, key_block, state, plan.padded)
         running_max, total, acc = state
         seen = total > 0  # a row with no visible key gives zeros

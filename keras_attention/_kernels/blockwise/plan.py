@@ -60,15 +60,17 @@ class Plan:
         # Below every real logit: float32's masking value, which float64
         # holds too (and which backends convert from a Python float).
         self.negative = large_negative("float32")
-        segments = self._blocked_segments(structure)
         self.tensors = Tensors(
             None if mask is None else self._blocked_mask(mask),
-            *segments,
-            *self._segment_reach(*segments),
+            *self._blocked_segments(structure),
             mask_held=tuple(self.mask_mod.held) if self.mask_mod else (),
             score_constants=tuple(score_constants),
         )
-        if self.mask_mod is not None:
+        # Segment ids and mask mods depend on the data: the loops visit
+        # the blocks their map lists (`block_lists`), the partial ones
+        # with the elementwise mask, the full ones without it.
+        self.by_map = self.mask_mod is not None or self.segments is not None
+        if self.by_map:
             table = self._mod_blocks()  # (T'/C, S'/C)
             self.tensors = self.tensors._replace(
                 key_lists=block_lists(table),
@@ -86,18 +88,7 @@ class Plan:
     def padded(self):
         return self.full_edge.padded
 
-    def key_range(self, i, tensors):
-        """Key blocks `[start, end)` that query block `i` can see (an
-        empty range when `end <= start`)."""
-        start, end, _, _ = self.key_spans(i, tensors)
-        return start, end
-
-    def query_range(self, j, tensors):
-        """Query blocks `[start, end)` that can see key block `j`."""
-        start, end, _, _ = self.query_spans(j, tensors)
-        return start, end
-
-    def key_spans(self, i, tensors):
+    def key_spans(self, i):
         """Key blocks `(start, end, full_start, full_end)` of query block
         `i`: the ones it can see, and among them the ones each of its
         rows sees whole (the structure's mask mods need no elementwise
@@ -109,13 +100,9 @@ class Plan:
             start, end, full_start, full_end = self.band.key_blocks(
                 i, self.block, self.key_blocks
             )
-        if self.segments is not None:
-            start = ops.maximum(start, ops.take(tensors.key_starts, i))
-            end = ops.minimum(end, ops.take(tensors.key_ends, i))
-            full_start = full_end = end
         return start, end, full_start, full_end
 
-    def query_spans(self, j, tensors):
+    def query_spans(self, j):
         """Query blocks `(start, end, full_start, full_end)` of key block
         `j`, as `key_spans`."""
         if self.band is None:
@@ -125,10 +112,6 @@ class Plan:
             start, end, full_start, full_end = self.band.query_blocks(
                 j, self.block, self.query_blocks
             )
-        if self.segments is not None:
-            start = ops.maximum(start, ops.take(tensors.query_starts, j))
-            end = ops.minimum(end, ops.take(tensors.query_ends, j))
-            full_start = full_end = end
         return start, end, full_start, full_end
 
     def _mod_blocks(self):
@@ -144,13 +127,6 @@ class Plan:
         )
         table = known_mod_blocks(self.structure, *sizes)
         return block_map(self.structure, *sizes, table=table)
-
-    def _segment_reach(self, query_ids, key_ids):
-        """The block ranges the segment ids leave (`Segments.reach`), or
-        four `None`."""
-        if query_ids is None:
-            return None, None, None, None
-        return self.segments.reach(query_ids, key_ids, self.block)
 
     def _blocked_segments(self, structure):
         """Query and key segment ids `(B, T')`, `(B, S')`, padded with 0
@@ -187,16 +163,12 @@ class Plan:
 
 class Tensors(NamedTuple):
     """The plan's tensors, each `None` when the call has no such thing:
-    the blocked mask, the blocked segment ids, and the block ranges the
-    ids leave (see `Plan._segment_reach`)."""
+    the blocked mask and segment ids, the mask mod's and score mod's
+    tensors, and the block lists of the map (see `block_lists`)."""
 
     mask: Any
     query_ids: Any
     key_ids: Any
-    key_starts: Any
-    key_ends: Any
-    query_starts: Any
-    query_ends: Any
     mask_held: tuple = ()
     score_constants: tuple = ()
     key_lists: Any = None

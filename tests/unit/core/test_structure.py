@@ -188,9 +188,8 @@ def test_hidden_keys_get_exactly_zero_gradient(name):
         (12, 12, {"segment_ids": _ids([1] * 3 + [2] * 4 + [0] * 5)}, 5),
         # Two rows: a pair is visited when either row needs it.
         (9, 9, {"segment_ids": _ids([1] * 3 + [2] * 6, [1] * 6 + [2] * 3)}, 7),
-        # Ids out of order: a range spans the blocks between two that
-        # meet ([1 1 1] [2 2 2] [1 1 1]: (0, 1) and (2, 1) visited too,
-        # and (1, 0), (1, 2) by the backward pass).
+        # Ids out of order: only the pairs that share an id, not the
+        # blocks between them ([1 1 1] [2 2 2] [1 1 1]).
         (9, 9, {"segment_ids": _ids([1] * 3 + [2] * 3 + [1] * 3)}, 5),
     ],
 )
@@ -217,18 +216,26 @@ def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
     )
     plan = Plan(q, k, k, None, structure, 1.0, 3)
 
-    def blocks(bounds):
-        return range(*(int(ops.convert_to_numpy(b)) for b in bounds))
+    def blocks(lists, spans, index):
+        """The blocks the loops visit for row `index`: from the block map's
+        lists (segment ids), else from the band's range."""
+        if not plan.by_map:
+            start, end, _, _ = spans(index)
+            return range(int(start), int(end))
+        partial, partial_count, full, full_count = (
+            ops.convert_to_numpy(x)[index] for x in lists
+        )
+        return [*partial[:partial_count], *full[:full_count]]
 
     forward = {
-        (i, j)
+        (i, int(j))
         for i in range(plan.query_blocks)
-        for j in blocks(plan.key_range(i, plan.tensors))
+        for j in blocks(plan.tensors.key_lists, plan.key_spans, i)
     }
     backward = {
-        (i, j)
+        (int(i), j)
         for j in range(plan.key_blocks)
-        for i in blocks(plan.query_range(j, plan.tensors))
+        for i in blocks(plan.tensors.query_lists, plan.query_spans, j)
     }
     visible = np_structure_mask(batch, length, key_length, **arguments)
     visible = visible.any(axis=0)  # the loops serve every row at once
@@ -239,14 +246,7 @@ def test_chunked_path_visits_only_the_blocks_the_structure_reaches(
         if visible[3 * i : 3 * i + 3, 3 * j : 3 * j + 3].any()
     }
     assert len(seen) == pairs
-    ids = arguments.get("segment_ids", np.zeros((1, 1)))
-    if all(np.all(np.diff(row[row > 0]) >= 0) for row in ids):
-        assert forward == backward == seen
-    else:  # every pair that sees something, and the blocks between
-        assert seen < forward and seen < backward
-        assert forward == {(0, 0), (0, 1), (0, 2), (1, 1), (2, 0), (2, 1),
-                           (2, 2)}  # fmt: skip
-        assert backward == {(j, i) for i, j in forward}
+    assert forward == backward == seen
     if keras.backend.backend() != "torch":
         return
     calls = []
