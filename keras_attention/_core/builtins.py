@@ -149,9 +149,9 @@ class Segments:
 
     def block_kinds(self, query_ids, key_ids, block):
         """Each block pair of ids padded to whole blocks of `block` with 0
-        (hidden), int32 `(T'/C, S'/C)`: 0 where the blocks' id spans meet in no row of
-        the batch, 2 where both blocks hold one id, the same, in every
-        row, else 1 (as `Band.block_kinds`)."""
+        (hidden), int32 `(T'/C, S'/C)`: 0 where the blocks' id spans
+        meet in no row of the batch, 2 where both blocks hold one id, the
+        same, in every row, else 1 (as `Band.block_kinds`)."""
         meets, whole = self._pairs(query_ids, key_ids, block)
         return ops.where(whole, 2, ops.where(meets, 1, 0))
 
