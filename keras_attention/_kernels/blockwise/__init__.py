@@ -78,7 +78,7 @@ def with_gradient(plan):
     """`fn(query, key, value, captures, tensors)`: the attention output
     `(B, T, N, V)`, differentiated by `backward` on every backend.
     `captures` are the score mod's floating tensors, differentiated too;
-    `tensors` are the plan's blocked mask, segment ids, block ranges and
+    `tensors` are the plan's blocked mask, segment ids, block lists and
     the mask mod's tensors; they get no gradient."""
 
     def forward_pass(query, key, value, captures, tensors):

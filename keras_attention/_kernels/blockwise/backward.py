@@ -11,7 +11,6 @@ from keras import ops
 
 from keras_attention._kernels import backends
 from keras_attention._kernels.blockwise import blocks
-from keras_attention._kernels.blockwise import layout
 
 
 def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
@@ -19,27 +18,25 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
     the scale), in the compute dtype, and of the score mod's floating
     tensors `captures`."""
     c, groups = plan.block, plan.groups
-    delta = ops.sum(grad * outputs, axis=-1)  # (P, G, T')
+    delta = ops.sum(grad * outputs, axis=-1)  # (T'/C, P, G*C)
 
     def key_block(j, carry, padded):
         grad_query, grad_key, grad_value, grad_captures = carry
-        k, v = blocks.key_rows(key, j, c), blocks.key_rows(value, j, c)
+        k, v = blocks.rows(key, j), blocks.rows(value, j)  # (P, C, H|V)
 
         def query_block(i, state, edge):
             grad_query, grad_k, grad_v, grad_captures = state
-            q = blocks.query_rows(query, i, c)  # (P, G*C, H)
-            do = blocks.query_rows(grad, i, c)  # (P, G*C, V)
+            q = blocks.rows(query, i)  # (P, G*C, H)
+            do = blocks.rows(grad, i)  # (P, G*C, V)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
             logits, pullback = _scored(plan, tensors, captures, i, j, logits)
             logits, slope = blocks.transform(plan, i, j, logits)
             logits = blocks.hide(plan, tensors, i, j, logits, edge)
             # The forward's weights; hidden logits give exp(masked) = 0.
-            p = ops.exp(logits - blocks.query_rows(lse, i, c)[..., None])
+            p = ops.exp(logits - blocks.rows(lse, i)[..., None])
             grad_v = grad_v + ops.matmul(ops.swapaxes(p, 1, 2), do)
             grad_p = ops.matmul(do, ops.swapaxes(v, 1, 2))  # (P, G*C, C)
-            grad_logits = p * (
-                grad_p - blocks.query_rows(delta, i, c)[..., None]
-            )
+            grad_logits = p * (grad_p - blocks.rows(delta, i)[..., None])
             if slope is not None:  # through the soft cap
                 grad_logits = grad_logits * slope
             if pullback is not None:  # through the score mod
@@ -64,7 +61,7 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
         grad_value = blocks.write_block(grad_value, j, grad_v)
         return grad_query, grad_key, grad_value, grad_captures
 
-    pairs, dtype = ops.shape(query)[0], plan.compute_dtype
+    pairs, dtype = ops.shape(query)[1], plan.compute_dtype
     rows = (pairs, groups * c, query.shape[-1])
     carry = (
         blocks.buffer(plan.query_blocks, rows, dtype),
@@ -80,9 +77,9 @@ def backward(plan, query, key, value, tensors, captures, outputs, lse, grad):
     carry = blocks.loop(last, plan.key_blocks, key_block, carry, padded=True)
     grad_query, grad_key, grad_value, grad_captures = carry
     return (
-        layout.from_query_buffer(plan, grad_query),
-        layout.from_key_buffer(plan, grad_key),
-        layout.from_key_buffer(plan, grad_value),
+        blocks.stacked(grad_query),
+        blocks.stacked(grad_key),
+        blocks.stacked(grad_value),
         grad_captures,
     )
 

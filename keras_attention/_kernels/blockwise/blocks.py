@@ -73,19 +73,12 @@ def fori_loop(start, end, body, carry):
     return backends.current().fori_loop(start, end, body, carry)
 
 
-def query_rows(tensor, index, block):
-    """Query block `index` of `(P, G, T', ...)` as `(P, G*C, ...)`."""
+def rows(tensor, index):
+    """Block `index` of a tensor in the loops' layout `(n, ...)` (see
+    `layout`), a slice of the leading axis."""
     shape = list(ops.shape(tensor))
-    starts = [0, 0, index * block] + [0] * (len(shape) - 3)
-    shape[2] = block
-    piece = ops.slice(tensor, starts, shape)  # (P, G, C, ...)
-    return ops.reshape(piece, (-1, shape[1] * block, *shape[3:]))
-
-
-def key_rows(tensor, index, block):
-    """Key block `index` of `(P, S', X)` as `(P, C, X)`."""
-    shape = list(ops.shape(tensor))
-    return ops.slice(tensor, (0, index * block, 0), (shape[0], block, shape[2]))
+    starts = [index] + [0] * (len(shape) - 1)
+    return ops.slice(tensor, starts, [1, *shape[1:]])[0]
 
 
 def buffer(count, shape, dtype):
@@ -103,6 +96,12 @@ def read_block(blocks, index):
 def write_block(blocks, index, block):
     """The `buffer` with block `index` set to `block`."""
     return backends.current().write_block(blocks, index, block)
+
+
+def stacked(blocks):
+    """A `buffer`'s blocks as one tensor `(n, ...)`, in the loops'
+    layout."""
+    return backends.current().stacked_blocks(blocks)
 
 
 def score(plan, i, j, logits, held):

@@ -10,23 +10,22 @@ H head dim, V value head dim, P = B x K.
 from keras import ops
 
 from keras_attention._kernels.blockwise import blocks
-from keras_attention._kernels.blockwise import layout
 
 
 def forward(plan, query, key, value, tensors, captures):
-    """Outputs `(P, G, T', V)` and row log-sum-exps `(P, G, T')`, both in
-    the compute dtype, from blocked inputs (see `to_blocks`); `captures`
-    are the score mod's floating tensors."""
+    """Outputs `(T'/C, P, G*C, V)` and row log-sum-exps `(T'/C, P, G*C)`,
+    both in the compute dtype, from blocked inputs (see `layout`);
+    `captures` are the score mod's floating tensors."""
     c, groups, dtype = plan.block, plan.groups, plan.compute_dtype
-    pairs = ops.shape(query)[0]
+    pairs = ops.shape(query)[1]
 
     def query_block(i, carry):
         outputs, lse = carry
-        q = blocks.query_rows(query, i, c)  # (P, G*C, H)
+        q = blocks.rows(query, i)  # (P, G*C, H)
 
         def key_block(j, state, edge):
             running_max, total, acc = state
-            k, v = blocks.key_rows(key, j, c), blocks.key_rows(value, j, c)
+            k, v = blocks.rows(key, j), blocks.rows(value, j)  # (P, C, H|V)
             logits = ops.matmul(q, ops.swapaxes(k, 1, 2))  # (P, G*C, C)
             if plan.score_mod is not None:
                 held = plan.score_mod.join(captures, tensors.score_constants)
@@ -76,7 +75,4 @@ def forward(plan, query, key, value, tensors, captures):
         blocks.buffer(plan.query_blocks, rows, dtype),
     )
     outputs, lse = blocks.fori_loop(0, plan.query_blocks, query_block, init)
-    return (
-        layout.from_query_buffer(plan, outputs),
-        layout.from_query_buffer(plan, lse),
-    )
+    return blocks.stacked(outputs), blocks.stacked(lse)

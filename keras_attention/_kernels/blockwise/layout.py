@@ -1,5 +1,6 @@
-"""The loops' layout: inputs cut into whole blocks, heads folded into
-the batch, and back.
+"""The loops' layout: inputs cut into whole blocks along the leading
+axis, heads folded into the batch, and back. A block is then one slice
+of the leading axis, which the loops read without copying it.
 
 Shape legend: B batch, T query length, S key length, C block rows,
 N query heads, K key/value heads, G = N // K queries per key/value head,
@@ -8,13 +9,11 @@ H head dim, V value head dim, P = B x K.
 
 from keras import ops
 
-from keras_attention._kernels import backends
-
 
 def to_blocks(plan, query, key, value):
     """The inputs in the loops' layout, padded to whole blocks: the query
-    `(P, G, T', H)`, scaled, and the key and value `(P, S', H|V)`, all in
-    the compute dtype."""
+    `(T'/C, P, G*C, H)`, scaled, and the key and value `(S'/C, P, C,
+    H|V)`, all in the compute dtype."""
     dtype = plan.compute_dtype
     query = ops.cast(query, dtype) * ops.cast(plan.scale, dtype)
     return (
@@ -25,62 +24,55 @@ def to_blocks(plan, query, key, value):
 
 
 def query_blocks(plan, tensor):
-    """`(B, T, N, X)` as `(P, G, T', X)`, query head `n = k * G + g`."""
-    tensor = ops.transpose(tensor, (0, 2, 1, 3))  # (B, N, T, X)
+    """`(B, T, N, X)` as `(T'/C, P, G*C, X)`: query head `n = k * G + g`
+    of pair `p = b * K + k`, the G heads' rows of a block one after the
+    other."""
+    c, x = plan.block, tensor.shape[-1]
+    tensor = _padded(tensor, plan.query_blocks * c)  # (B, T', N, X)
     tensor = ops.reshape(
-        tensor, (-1, plan.groups, plan.length, tensor.shape[-1])
-    )  # (P, G, T, X)
-    pad = plan.query_blocks * plan.block - plan.length
-    return (
-        ops.pad(tensor, [(0, 0), (0, 0), (0, pad), (0, 0)]) if pad else tensor
-    )
+        tensor, (-1, plan.query_blocks, c, plan.kv_heads, plan.groups, x)
+    )  # (B, T'/C, C, K, G, X)
+    tensor = ops.transpose(tensor, (1, 0, 3, 4, 2, 5))  # (T'/C, B, K, G, C, X)
+    return ops.reshape(tensor, (plan.query_blocks, -1, plan.groups * c, x))
 
 
 def key_blocks(plan, tensor):
-    """`(B, S, K, X)` as `(P, S', X)`."""
-    tensor = ops.transpose(tensor, (0, 2, 1, 3))  # (B, K, S, X)
-    tensor = ops.reshape(tensor, (-1, plan.key_length, tensor.shape[-1]))
-    pad = plan.key_blocks * plan.block - plan.key_length
-    return ops.pad(tensor, [(0, 0), (0, pad), (0, 0)]) if pad else tensor
+    """`(B, S, K, X)` as `(S'/C, P, C, X)`."""
+    c, x = plan.block, tensor.shape[-1]
+    tensor = _padded(tensor, plan.key_blocks * c)  # (B, S', K, X)
+    tensor = ops.reshape(tensor, (-1, plan.key_blocks, c, plan.kv_heads, x))
+    tensor = ops.transpose(tensor, (1, 0, 3, 2, 4))  # (S'/C, B, K, C, X)
+    return ops.reshape(tensor, (plan.key_blocks, -1, c, x))
 
 
 def from_query_blocks(plan, tensor, dtype):
-    """`(P, G, T', X)` back to `(B, T, N, X)` in `dtype`."""
-    tensor = tensor[:, :, : plan.length]  # (P, G, T, X)
+    """`(T'/C, P, G*C, X)` back to `(B, T, N, X)` in `dtype`."""
+    c, x = plan.block, tensor.shape[-1]
     tensor = ops.reshape(
-        tensor, (-1, plan.heads, plan.length, tensor.shape[-1])
-    )  # (B, N, T, X)
-    return ops.cast(ops.transpose(tensor, (0, 2, 1, 3)), dtype)
+        tensor, (plan.query_blocks, -1, plan.kv_heads, plan.groups, c, x)
+    )  # (T'/C, B, K, G, C, X)
+    tensor = ops.transpose(tensor, (1, 0, 4, 2, 3, 5))  # (B, T'/C, C, K, G, X)
+    tensor = ops.reshape(tensor, (-1, plan.query_blocks * c, plan.heads, x))
+    return ops.cast(_unpadded(tensor, plan.length), dtype)
 
 
 def from_key_blocks(plan, tensor, dtype):
-    """`(P, S', X)` back to `(B, S, K, X)` in `dtype`."""
-    tensor = tensor[:, : plan.key_length]  # (P, S, X)
-    tensor = ops.reshape(
-        tensor, (-1, plan.kv_heads, plan.key_length, tensor.shape[-1])
-    )  # (B, K, S, X)
-    return ops.cast(ops.transpose(tensor, (0, 2, 1, 3)), dtype)
+    """`(S'/C, P, C, X)` back to `(B, S, K, X)` in `dtype`."""
+    c, x = plan.block, tensor.shape[-1]
+    tensor = ops.reshape(tensor, (plan.key_blocks, -1, plan.kv_heads, c, x))
+    tensor = ops.transpose(tensor, (1, 0, 3, 2, 4))  # (B, S'/C, C, K, X)
+    tensor = ops.reshape(tensor, (-1, plan.key_blocks * c, plan.kv_heads, x))
+    return ops.cast(_unpadded(tensor, plan.key_length), dtype)
 
 
-def from_query_buffer(plan, buffer):
-    """A buffer of the query blocks' rows `(P, G*C, ...)` (see
-    `blocks.buffer`) as `(P, G, T', ...)`."""
-    tensor = backends.current().stacked_blocks(buffer)  # (T'/C, P, G*C, ...)
-    rest = tuple(tensor.shape[3:])
-    tensor = ops.reshape(
-        tensor, (plan.query_blocks, -1, plan.groups, plan.block, *rest)
-    )  # (T'/C, P, G, C, ...)
-    order = (1, 2, 0, 3, *range(4, 4 + len(rest)))
-    tensor = ops.transpose(tensor, order)  # (P, G, T'/C, C, ...)
-    return ops.reshape(
-        tensor, (-1, plan.groups, plan.query_blocks * plan.block, *rest)
-    )  # (P, G, T', ...)
+def _padded(tensor, length):
+    """`(B, L, ...)` padded with zeros to `length` rows."""
+    pad = length - tensor.shape[1]
+    if not pad:
+        return tensor
+    return ops.pad(tensor, [(0, 0), (0, pad)] + [(0, 0)] * (tensor.ndim - 2))
 
 
-def from_key_buffer(plan, buffer):
-    """A buffer of the key blocks' rows `(P, C, X)` as `(P, S', X)`."""
-    tensor = backends.current().stacked_blocks(buffer)  # (S'/C, P, C, X)
-    tensor = ops.transpose(tensor, (1, 0, 2, 3))  # (P, S'/C, C, X)
-    return ops.reshape(
-        tensor, (-1, plan.key_blocks * plan.block, tensor.shape[-1])
-    )  # (P, S', X)
+def _unpadded(tensor, length):
+    """The first `length` rows of `(B, L', ...)`."""
+    return tensor[:, :length] if tensor.shape[1] != length else tensor
