@@ -605,12 +605,17 @@ def mods_section():
         "pattern does not change. The attention alone, forward and "
         "backward (the gradients of the query, key and value) on "
         "`(B, T, N, H)` heads: the `mask_mod`, the same mod as a "
-        "`block_mask` made once, and the dense mask. The ideal speed-up "
-        "over the dense mask is 1 / *visited*.",
+        "`block_mask` made once (blocks of 256, the default), as a "
+        "`block_mask(..., block_size=512)` (*visited* in blocks of 512: "
+        "*visited 512*), and the dense mask. The ideal speed-up over the "
+        "dense mask is 1 / *visited*.",
         "",
-        "| backend | pattern | visited | mod (ms) | block mask (ms) "
-        "| dense (ms) | mod over dense | block mask over dense | ideal |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| backend | pattern | visited | visited 512 | mod (ms) "
+        "| block mask (ms) | blocks of 512 (ms) | dense (ms) "
+        "| mod over dense | block mask over dense "
+        "| blocks of 512 over dense | ideal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- | --- |",
     ]
     for backend, data in results.items():
         patterns = {}
@@ -628,15 +633,19 @@ def mods_section():
             )
             if "kernel_mod" not in rows:
                 continue
-            seconds = [
-                rows[n]["seconds"]
-                for n in ("kernel_mod", "kernel_block_mask", "kernel_dense")
-            ]
+            names = (
+                "kernel_mod",
+                "kernel_block_mask",
+                "kernel_block_mask_512",
+                "kernel_dense",
+            )
+            seconds = [rows[n]["seconds"] for n in names]
+            large = rows["kernel_block_mask_512"]["visited"]
             kernel.append(
-                f"| {backend} | {pattern} | {visited:.0%} "
+                f"| {backend} | {pattern} | {visited:.0%} | {large:.0%} "
                 + "".join(f"| {t * 1e3:.0f} " for t in seconds)
-                + f"| {ratio(seconds[2], seconds[0])} "
-                f"| {ratio(seconds[2], seconds[1])} | {1 / visited:.1f}x |"
+                + "".join(f"| {ratio(seconds[3], t)} " for t in seconds[:3])
+                + f"| {1 / visited:.1f}x |"
             )
     return [*lines, *kernel, ""]
 

@@ -65,6 +65,9 @@ class Structure:
         soft_cap: float or `None`. Logits become `cap tanh(logits / cap)`.
         mask_mod, score_mod: callables or `None`: the mods that are not
             built in (see `_core.mods`).
+        block_size: int or `None`. The block size of a block mask given
+            as the mask mod (`mods.block_mask`): the blockwise path runs
+            blocks of that size.
         where: str. The function or layer the structure is checked for.
     """
 
@@ -95,6 +98,7 @@ class Structure:
         # The mask mod's block map once a path has evaluated it:
         # `((batch, heads, T, S, block), table)`, reused by the next.
         self.mod_map = None
+        self.block_size = None
 
     @classmethod
     def from_args(
@@ -180,6 +184,13 @@ class Structure:
         `is_causal=True`. Built-in score mods at the end of the chain
         become the soft cap and ALiBi where that keeps their order (score
         mod, soft cap, ALiBi). The rest stay mods."""
+        tables = [
+            unpositioned(m)
+            for m in conjuncts(mask_mod)
+            if isinstance(unpositioned(m), BlockTable)
+        ]
+        if tables:  # the blocks its map is made of
+            self.block_size = tables[0].block_size
         rest = [m for m in conjuncts(mask_mod) if not self._takes(m, shape)]
         self.mask_mod = (
             None if not rest else rest[0] if len(rest) == 1 else Combined(rest)

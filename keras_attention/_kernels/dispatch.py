@@ -87,12 +87,15 @@ def reference_attention(query, key, value, mask, structure, scale):
 
 def chunk_size(structure=None, mask=None, lengths=None) -> int:
     """Query and key rows per block of the blockwise path: the forced
-    size, else `DENSE_CHUNK_SIZE` for attention with nothing to skip
+    size, else the block size of a block mask given as the mask mod,
+    else `DENSE_CHUNK_SIZE` for attention with nothing to skip
     (`structure` empty and without mods, no `mask`) of `lengths =
     (T, S)` from `DENSE_CHUNK_MIN_LENGTH` on TensorFlow and JAX, else
     `CHUNK_SIZE`."""
     if _forced["chunk_size"]:
         return _forced["chunk_size"]
+    if structure is not None and structure.block_size is not None:
+        return structure.block_size
     if (
         keras.backend.backend() in ("tensorflow", "jax")
         and structure is not None
@@ -226,7 +229,7 @@ def _by_cost(query, key, structure, refused):
         )
         return "chunked", refused
     visited = plan.static_visited_fraction(
-        structure, query_length, key_length, chunk_size()
+        structure, query_length, key_length, chunk_size(structure)
     )
     if visited is None:  # segment ids or a mask mod: known from the data
         return "chunked", refused
@@ -296,7 +299,7 @@ def _sparse_reason(query, key, structure):
     batch, query_length, key_length = sizes
     heads = 1 if len(query.shape) == 3 else query.shape[2]
     fraction = plan.visited_fraction(
-        structure, batch, heads, query_length, key_length, chunk_size()
+        structure, batch, heads, query_length, key_length, chunk_size(structure)
     )
     # Read only where that is free (not traced, compiled or on a device).
     per_mille = backends.current().concrete_int(

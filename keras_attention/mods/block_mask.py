@@ -79,8 +79,12 @@ def block_mask(
         num_heads: Their number of query heads.
         query_length: Their number of queries.
         key_length: Their number of keys.
-        block_size: Query and key rows per block. Defaults to the block
-            size the blockwise path uses.
+        block_size: Query and key rows per block: the blockwise path
+            runs blocks of this size for the calls given this mask.
+            Defaults to 256. Larger blocks do more work per step of the
+            loops, and skip only where a whole larger block is empty:
+            blocks of 512 suit patterns whose documents or chunks span
+            512 positions or more.
 
     A call of other sizes (or on blocks of another size) evaluates the
     mod itself instead of reading the map: the map of fewer batch rows or

@@ -747,6 +747,30 @@ def test_a_block_mask_is_read_only_where_its_sizes_fit():
         )
 
 
+def test_a_block_mask_sets_the_block_size_of_the_call():
+    """Unforced, the blockwise path runs blocks of the block mask's size:
+    `explain()` names it, the map is read (emptied by hand, it gives
+    zeros), and the outputs are the mod's."""
+    q, k, v, _ = inputs("gqa")
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # A function's map is read; a built-in mod's joins the structure
+    # (read from its ranges) and keeps the block size.
+    for size, mod in ((3, causal_function), (5, causal_function),
+                      (5, mods.causal())):  # fmt: skip
+        mask = mods.block_mask(mod, B, 4, T, S, block_size=size)
+        with ka._kernels.force("chunked"):
+            report = F.explain(q, k, v, mask_mod=mask)
+            got = F.scaled_dot_product_attention(q, k, v, mask_mod=mask)
+            mask.blocks = ops.zeros_like(mask.blocks)  # every pair "empty"
+            emptied = F.scaled_dot_product_attention(q, k, v, mask_mod=mask)
+        assert f"blocks of {size} queries and keys" in report.structure
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(got), ops.convert_to_numpy(want), atol=1e-5
+        )
+        if mod is causal_function:
+            np.testing.assert_array_equal(ops.convert_to_numpy(emptied), 0.0)
+
+
 @pytest.mark.parametrize(
     "mod, message",
     [
