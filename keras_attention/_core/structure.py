@@ -184,14 +184,15 @@ class Structure:
         `is_causal=True`. Built-in score mods at the end of the chain
         become the soft cap and ALiBi where that keeps their order (score
         mod, soft cap, ALiBi). The rest stay mods."""
+        parts = conjuncts(mask_mod)
         tables = [
             unpositioned(m)
-            for m in conjuncts(mask_mod)
+            for m in parts
             if isinstance(unpositioned(m), BlockTable)
         ]
         if tables:  # the blocks its map is made of
             self.block_size = tables[0].block_size
-        rest = [m for m in conjuncts(mask_mod) if not self._takes(m, shape)]
+        rest = [m for m in parts if not self._takes(m, shape)]
         self.mask_mod = (
             None if not rest else rest[0] if len(rest) == 1 else Combined(rest)
         )
