@@ -32,15 +32,17 @@ from keras_attention._kernels.fused import structure_refusal
 
 CHUNK_SIZE = 256  # query and key rows per block of the chunked path
 # Where nothing can be skipped (no mask, structure or mod) and queries
-# and keys number at least `DENSE_CHUNK_MIN_LENGTH`, TensorFlow and JAX
-# take blocks of `DENSE_CHUNK_SIZE`: measured with
-# benchmarks/kernel_forms.py (attention alone, forward and backward,
-# B=8, 8 heads of 64, T=2048, float32) on a 2-core CPU, blocks of 512
-# make that kernel 1.13x (TensorFlow) and 1.14x (JAX) faster than
-# blocks of 256, for four times the block buffers; causal attention
-# gains 1.02x, and block skipping (windows, segment ids, mask mods) is
-# finer with the smaller blocks, so everything else keeps `CHUNK_SIZE`.
-DENSE_CHUNK_SIZE = 512
+# and keys number at least `DENSE_CHUNK_MIN_LENGTH`, a backend takes
+# blocks of `DENSE_CHUNK_SIZE`: measured with benchmarks/kernel_forms.py
+# (attention alone, forward and backward, B=8, 8 heads of 64, T=2048,
+# float32) on 2-core CPUs, blocks of 512 make that kernel 1.14x (AMD
+# EPYC) and 1.05x (Intel Xeon) faster than blocks of 256 on JAX, for
+# four times the block buffers; on TensorFlow they were 1.13x faster on
+# the first and 1.21x slower on the second, so it keeps `CHUNK_SIZE`.
+# Causal attention gains nothing from them, and block skipping (windows,
+# segment ids, mask mods) is finer with the smaller blocks, so
+# everything else keeps `CHUNK_SIZE`.
+DENSE_CHUNK_SIZE = {"tensorflow": CHUNK_SIZE, "jax": 512, "torch": CHUNK_SIZE}
 DENSE_CHUNK_MIN_LENGTH = 2048
 CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 # Where no fused kernel runs, the blockwise path's time over the
@@ -88,17 +90,15 @@ def reference_attention(query, key, value, mask, structure, scale):
 def chunk_size(structure=None, mask=None, lengths=None) -> int:
     """Query and key rows per block of the blockwise path: the forced
     size, else the block size of a block mask given as the mask mod,
-    else `DENSE_CHUNK_SIZE` for attention with nothing to skip
-    (`structure` empty and without mods, no `mask`) of `lengths =
-    (T, S)` from `DENSE_CHUNK_MIN_LENGTH` on TensorFlow and JAX, else
-    `CHUNK_SIZE`."""
+    else the backend's `DENSE_CHUNK_SIZE` for attention with nothing
+    to skip (`structure` empty and without mods, no `mask`) of `lengths
+    = (T, S)` from `DENSE_CHUNK_MIN_LENGTH`, else `CHUNK_SIZE`."""
     if _forced["chunk_size"]:
         return _forced["chunk_size"]
     if structure is not None and structure.block_size is not None:
         return structure.block_size
     if (
-        keras.backend.backend() in ("tensorflow", "jax")
-        and structure is not None
+        structure is not None
         and mask is None
         and _has_nothing_to_skip(structure)
         and lengths is not None
@@ -107,7 +107,7 @@ def chunk_size(structure=None, mask=None, lengths=None) -> int:
             for length in lengths
         )
     ):
-        return DENSE_CHUNK_SIZE
+        return DENSE_CHUNK_SIZE[keras.backend.backend()]
     return CHUNK_SIZE
 
 

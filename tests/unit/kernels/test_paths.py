@@ -230,10 +230,10 @@ def test_the_reference_is_refused_past_its_memory(heads):
 
 
 def test_dense_attention_takes_larger_blocks():
-    """Blocks of `DENSE_CHUNK_SIZE` on TensorFlow and JAX where nothing
-    can be skipped and both lengths reach `DENSE_CHUNK_MIN_LENGTH`;
-    `CHUNK_SIZE` with a mask, any structure or mod, a shorter length, or
-    on PyTorch; a forced size wins."""
+    """The backend's `DENSE_CHUNK_SIZE` where nothing can be skipped and
+    both lengths reach `DENSE_CHUNK_MIN_LENGTH`; `CHUNK_SIZE` with a
+    mask, any structure or mod, or a shorter length; a forced size
+    wins."""
     dispatch = _kernels.dispatch
     long = dispatch.DENSE_CHUNK_MIN_LENGTH
     lengths = (long, long)
@@ -242,9 +242,8 @@ def test_dense_attention_takes_larger_blocks():
         structure = Structure.from_args(where="test", **structure)
         return dispatch.chunk_size(structure, mask, lengths)
 
-    large = keras.backend.backend() in ("tensorflow", "jax")
-    expected = dispatch.DENSE_CHUNK_SIZE if large else _kernels.CHUNK_SIZE
-    assert size() == expected
+    assert size() == dispatch.DENSE_CHUNK_SIZE[keras.backend.backend()]
+    assert dispatch.DENSE_CHUNK_SIZE["jax"] == 512
     small = [
         size(mask=np.ones((1, long, long), bool)),
         size(is_causal=True),
@@ -267,9 +266,9 @@ def test_dense_attention_takes_larger_blocks():
 
 
 def test_large_dense_blocks_equal_the_reference():
-    """The blockwise path in the blocks it takes for long unstructured
-    attention (512 on TensorFlow and JAX, the last block partial), GQA:
-    the float64 reference's outputs and q, k, v gradients."""
+    """The blockwise path in blocks of 512 (JAX's for long unstructured
+    attention), the last block partial, GQA: the float64 reference's
+    outputs and q, k, v gradients."""
     length = _kernels.dispatch.DENSE_CHUNK_MIN_LENGTH + 100
     generator = rng(5)
     q = generator.standard_normal((1, length, 2, 4)).astype("float32")
@@ -277,7 +276,7 @@ def test_large_dense_blocks_equal_the_reference():
     v = generator.standard_normal((1, length, 1, 3)).astype("float32")
 
     def blockwise(q, k, v):
-        with _kernels.force("chunked"):  # the dispatch's block size
+        with _kernels.force("chunked", chunk_size=512):
             return F.scaled_dot_product_attention(q, k, v)
 
     outputs, grads, _ = value_and_grads(blockwise, [q, k, v])
