@@ -35,10 +35,11 @@ CHUNK_SIZE = 256  # query and key rows per block of the chunked path
 # and keys number at least `DENSE_CHUNK_MIN_LENGTH`, a backend takes
 # blocks of `DENSE_CHUNK_SIZE`: measured with benchmarks/kernel_forms.py
 # (attention alone, forward and backward, B=8, 8 heads of 64, T=2048,
-# float32) on 2-core CPUs, blocks of 512 make that kernel 1.14x (AMD
-# EPYC) and 1.05x (Intel Xeon) faster than blocks of 256 on JAX, for
-# four times the block buffers; on TensorFlow they were 1.13x faster on
-# the first and 1.21x slower on the second, so it keeps `CHUNK_SIZE`.
+# float32) on 2-core CPUs, blocks of 512 make that kernel 1.14x faster
+# than blocks of 256 on JAX on an AMD EPYC, and within 6% either way on
+# an Intel Xeon, for four times the block buffers; on TensorFlow they
+# were 1.13x faster on the first and 1.21x slower on the second, so
+# TensorFlow keeps `CHUNK_SIZE`.
 # Causal attention gains nothing from them, and block skipping (windows,
 # segment ids, mask mods) is finer with the smaller blocks, so
 # everything else keeps `CHUNK_SIZE`.
@@ -51,12 +52,12 @@ CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 # of block pairs it visits is below 1. Fitted with benchmarks/paths.py
 # (attention alone, B=8, 8 heads of 64, float32, T = 512-2048, full and
 # causal) on a 2-core CPU: TensorFlow, which runs the kernel's loops as
-# a graph of small steps without XLA, takes 1.03-1.32x the reference's
-# time per block pair where it skips some (causal), 1.39-1.59x where it
-# visits all of them (XLA-compiling the loops' bodies inside the graph
-# did not change it); 1.45 keeps causal attention at T=512, which visits
-# 3 of 4 block pairs and is no faster there (104 / 105 ms), on the
-# reference; JAX's compiled loops take 0.6-1.0x for full attention from
+# a graph of small steps without XLA, takes 1.01-1.32x the reference's
+# time per block pair where it skips some (causal), 1.24-1.59x where it
+# visits all of them (two runs; XLA-compiling the loops' bodies inside
+# the graph did not change it); 1.45 keeps causal attention at T=512,
+# which visits 3 of 4 block pairs and is within 5% there either way
+# (104 / 105 ms, 100 / 95 ms), on the reference; JAX's compiled loops take 0.6-1.0x for full attention from
 # T=1024 and 1.1-1.2x per visited block pair for causal attention.
 BLOCKWISE_COST = {"tensorflow": 1.45, "jax": 0.85}
 # The reference holds the (B, N, T, S) weights and their gradient: it is
