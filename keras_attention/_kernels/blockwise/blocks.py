@@ -68,7 +68,7 @@ def spans(plan, bounds, body, carry, padded):
 
 
 def fori_loop(start, end, body, carry):
-    """`ops.fori_loop`, one iteration at a time on TensorFlow (see
+    """`ops.fori_loop`, two iterations at a time on TensorFlow (see
     `backends.tensorflow.fori_loop`)."""
     return backends.current().fori_loop(start, end, body, carry)
 
