@@ -52,14 +52,15 @@ CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 # of block pairs it visits is below 1. Fitted with benchmarks/paths.py
 # (attention alone, B=8, 8 heads of 64, float32, T = 512-2048, full and
 # causal) on a 2-core CPU: TensorFlow, which runs the kernel's loops as
-# a graph of small steps without XLA, takes 1.01-1.32x the reference's
-# time per block pair where it skips some (causal), 1.24-1.59x where it
-# visits all of them (two runs; XLA-compiling the loops' bodies inside
-# the graph did not change it); 1.45 keeps causal attention at T=512,
-# which visits 3 of 4 block pairs and is within 5% there either way
-# (104 / 105 ms, 100 / 95 ms), on the reference; JAX's compiled loops take 0.6-1.0x for full attention from
-# T=1024 and 1.1-1.2x per visited block pair for causal attention.
-BLOCKWISE_COST = {"tensorflow": 1.45, "jax": 0.85}
+# a graph of small steps without XLA, takes 0.97-1.32x the reference's
+# time per block pair where it skips some (causal), 1.23-1.59x where it
+# visits all of them (four runs; XLA-compiling the loops' bodies inside
+# the graph did not change it); 1.3 keeps full attention on the
+# reference and takes causal attention at T=512, which visits 3 of 4
+# block pairs, blockwise (reference / blockwise: 104 / 105, 100 / 95,
+# 101 / 94, 101 / 92 ms); JAX's compiled loops take 0.6-1.0x for full attention
+# from T=1024 and 1.1-1.2x per visited block pair for causal attention.
+BLOCKWISE_COST = {"tensorflow": 1.3, "jax": 0.85}
 # The reference holds the (B, N, T, S) weights and their gradient: it is
 # chosen only while those weights take at most this many bytes in
 # float32, an unknown batch counted as `UNKNOWN_BATCH` rows.

@@ -83,8 +83,9 @@ def block_mask(
             runs blocks of this size for the calls given this mask.
             Defaults to 256. Larger blocks do more work per step of the
             loops, and skip only where a whole larger block is empty:
-            blocks of 512 suit patterns whose documents or chunks span
-            512 positions or more.
+            blocks of 512 can pay off for patterns whose documents or
+            chunks span 512 positions or more; whether they do depends
+            on the backend and the processor.
 
     A call of other sizes (or on blocks of another size) evaluates the
     mod itself instead of reading the map: the map of fewer batch rows or
