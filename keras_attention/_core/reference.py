@@ -16,6 +16,7 @@ import math
 from keras import ops
 
 from keras_attention._core.masking import expand_mask
+from keras_attention._core.masking import large_negative
 from keras_attention._core.masking import logits_dtype
 from keras_attention._core.masking import masked_softmax
 from keras_attention._core.masking import merge_masks
@@ -35,13 +36,38 @@ def reference(query, key, value, mask, scale, structure):
     Returns:
         The output `(B, T, V)` / `(B, T, N, V)` and the weights
         `(B, T, S)` / `(B, N, T, S)`.
+
+    A row with no visible key gets zero weights and a zero output; the
+    output is zeroed through the rows' flags rather than through the
+    weights, so that a compiled graph that does not return the weights
+    makes no pass over the `(B, N, T, S)` matrix for it.
     """
-    weights = reference_weights(query, key, mask, structure, scale)
-    return attend(weights, value), weights
+    logits, mask, dtype = _reference_logits(query, key, mask, structure, scale)
+    if mask is None or logits.shape[-1] == 1:
+        weights = ops.cast(masked_softmax(logits, mask), dtype)
+        return attend(weights, value), weights
+    mask = ops.cast(mask, "bool")
+    # Hidden logits get exactly zero weight beside any visible one.
+    fill = ops.full((), large_negative(logits.dtype), dtype=logits.dtype)
+    weights = ops.softmax(ops.where(mask, logits, fill), axis=-1)
+    weights = ops.cast(weights, dtype)
+    seen = ops.any(mask, axis=-1, keepdims=True)  # (B|1, [N|1,] T|1, 1)
+    output = attend(weights, value)
+    rows = seen if len(query.shape) == 3 else ops.transpose(seen, (0, 2, 1, 3))
+    output = ops.where(rows, output, ops.zeros_like(output))
+    return output, ops.where(seen, weights, ops.zeros_like(weights))
 
 
 def reference_weights(query, key, mask, structure, scale=None):
     """The weights of `reference` alone, `(B, T, S)` or `(B, N, T, S)`."""
+    logits, mask, dtype = _reference_logits(query, key, mask, structure, scale)
+    return ops.cast(masked_softmax(logits, mask), dtype)
+
+
+def _reference_logits(query, key, mask, structure, scale):
+    """`(logits, mask, dtype)`: `reference`'s logits with the structure's
+    scores and bias, the mask merged with the structure's (`None` if
+    there is none), and the dtype of the weights."""
     rank = len(query.shape)
     if mask is not None:
         mask = expand_mask(mask, rank)  # the weights' rank
@@ -64,7 +90,7 @@ def reference_weights(query, key, mask, structure, scale=None):
         logits = ops.expand_dims(logits, 1)  # (B, 1, T, S)
         return structure.modify_scores(logits, rows, cols)[:, 0]
 
-    return attention_weights(
+    return _logits(
         query,
         key,
         mask,
@@ -115,6 +141,21 @@ def attention_weights(
         >>> print(np.round(keras.ops.convert_to_numpy(w), 4))
         [[[0.3333 0.3333 0.3333]]]
     """
+    logits, mask, dtype = _logits(
+        query,
+        key,
+        mask,
+        scale,
+        soft_cap=soft_cap,
+        bias=bias,
+        score_fn=score_fn,
+    )
+    return ops.cast(masked_softmax(logits, mask), dtype)
+
+
+def _logits(query, key, mask, scale, *, soft_cap, bias, score_fn):
+    """`(logits, mask, dtype)` of `attention_weights`: the logits in the
+    compute dtype, the mask in their rank, and the weights' dtype."""
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     input_dtype = query.dtype
@@ -134,8 +175,7 @@ def attention_weights(
         logits = cap * ops.tanh(logits / cap)
     if bias is not None:
         logits = logits + ops.cast(bias, compute_dtype)
-    weights = masked_softmax(logits, mask)
-    return ops.cast(weights, input_dtype)
+    return logits, mask, input_dtype
 
 
 def attend(weights, value):
