@@ -101,10 +101,19 @@ def masked_softmax(logits, mask=None, axis=-1):
     if mask is None:
         return ops.cast(ops.softmax(logits, axis=axis), input_dtype)
     mask = ops.cast(mask, "bool")
-    fill = ops.full((), large_negative(logits.dtype), dtype=logits.dtype)
-    weights = ops.softmax(ops.where(mask, logits, fill), axis=axis)
+    weights = softmax_of_visible(logits, mask, axis)
     weights = ops.where(mask, weights, ops.zeros_like(weights))
     return ops.cast(weights, input_dtype)
+
+
+def softmax_of_visible(logits, mask, axis=-1):
+    """The softmax of `masked_softmax` before its rows with no visible
+    entry are zeroed: hidden entries (`mask` `False`) are replaced by
+    `large_negative` and get exactly zero weight beside any visible one;
+    a row with none visible comes out uniform, and the caller zeroes it
+    (`reference` does so through each row's flag)."""
+    fill = ops.full((), large_negative(logits.dtype), dtype=logits.dtype)
+    return ops.softmax(ops.where(mask, logits, fill), axis=axis)
 
 
 def merge_masks(*masks):

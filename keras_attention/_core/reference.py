@@ -16,10 +16,10 @@ import math
 from keras import ops
 
 from keras_attention._core.masking import expand_mask
-from keras_attention._core.masking import large_negative
 from keras_attention._core.masking import logits_dtype
 from keras_attention._core.masking import masked_softmax
 from keras_attention._core.masking import merge_masks
+from keras_attention._core.masking import softmax_of_visible
 from keras_attention._core.positions import steps
 
 
@@ -47,10 +47,7 @@ def reference(query, key, value, mask, scale, structure):
         weights = ops.cast(masked_softmax(logits, mask), dtype)
         return attend(weights, value), weights
     mask = ops.cast(mask, "bool")
-    # Hidden logits get exactly zero weight beside any visible one.
-    fill = ops.full((), large_negative(logits.dtype), dtype=logits.dtype)
-    weights = ops.softmax(ops.where(mask, logits, fill), axis=-1)
-    weights = ops.cast(weights, dtype)
+    weights = ops.cast(softmax_of_visible(logits, mask), dtype)
     seen = ops.any(mask, axis=-1, keepdims=True)  # (B|1, [N|1,] T|1, 1)
     output = attend(weights, value)
     rows = seen if len(query.shape) == 3 else ops.transpose(seen, (0, 2, 1, 3))

@@ -38,11 +38,10 @@ CHUNK_SIZE = 256  # query and key rows per block of the chunked path
 # float32) on 2-core CPUs, blocks of 512 make that kernel 1.14x faster
 # than blocks of 256 on JAX on an AMD EPYC, and within 6% either way on
 # an Intel Xeon, for four times the block buffers; on TensorFlow they
-# were 1.13x faster on the first and 1.21x slower on the second, so
-# TensorFlow keeps `CHUNK_SIZE`.
-# Causal attention gains nothing from them, and block skipping (windows,
-# segment ids, mask mods) is finer with the smaller blocks, so
-# everything else keeps `CHUNK_SIZE`.
+# were 1.13x faster on the first and 1.21x slower on the second. Causal
+# attention gains nothing from them, and block skipping (windows,
+# segment ids, mask mods) is finer with the smaller blocks: everything
+# else, and TensorFlow, keeps `CHUNK_SIZE`.
 DENSE_CHUNK_SIZE = {"tensorflow": CHUNK_SIZE, "jax": 512, "torch": CHUNK_SIZE}
 DENSE_CHUNK_MIN_LENGTH = 2048
 CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
@@ -58,8 +57,9 @@ CHUNKED_MIN_LENGTH = 512  # shorter queries fit the cache whole
 # the graph did not change it); 1.3 keeps full attention on the
 # reference and takes causal attention at T=512, which visits 3 of 4
 # block pairs, blockwise (reference / blockwise: 104 / 105, 100 / 95,
-# 101 / 94, 101 / 92 ms); JAX's compiled loops take 0.6-1.0x for full attention
-# from T=1024 and 1.1-1.2x per visited block pair for causal attention.
+# 101 / 94, 101 / 92 ms); JAX's compiled loops take 0.6-1.0x for full
+# attention from T=1024 and 1.1-1.2x per visited block pair for causal
+# attention.
 BLOCKWISE_COST = {"tensorflow": 1.3, "jax": 0.85}
 # The reference holds the (B, N, T, S) weights and their gradient: it is
 # chosen only while those weights take at most this many bytes in
