@@ -125,8 +125,15 @@ class _RelativePositionBias:
             self.max_distance,
             self.bidirectional,
         )  # (1, 1, T, S)
-        flat = ops.reshape(self.table, (-1,))  # (num_buckets * N,)
-        bias = ops.take(flat, bucket * heads + head)  # (1, N, T, S)
+        if _is_grid(bucket, head):
+            # Whole rows of the table, then the heads asked for: both
+            # gathers (and their backward scatters) move rows, not scalars.
+            rows = ops.take(self.table, bucket[0, 0], axis=0)  # (T, S, N)
+            rows = ops.transpose(rows, (2, 0, 1))  # (N, T, S)
+            bias = ops.take(rows, head[0, :, 0, 0], axis=0)[None]
+        else:  # scalars or other broadcasts, called by hand
+            flat = ops.reshape(self.table, (-1,))  # (num_buckets * N,)
+            bias = ops.take(flat, bucket * heads + head)
         return score + ops.cast(bias, score.dtype)
 
     def __repr__(self):
@@ -135,6 +142,19 @@ class _RelativePositionBias:
             f"max_distance={self.max_distance}, "
             f"bidirectional={self.bidirectional})"
         )
+
+
+def _is_grid(bucket, head):
+    """Buckets `(1, 1, T, S)` and heads `(1, N, 1, 1)`, as every path
+    calls a score mod."""
+    if len(bucket.shape) != 4 or len(head.shape) != 4:
+        return False
+    bucket_shape = [static_dim(d) for d in bucket.shape]
+    head_shape = [static_dim(d) for d in head.shape]
+    return (
+        bucket_shape[:2] == [1, 1]
+        and head_shape[::2] == [1, 1] == head_shape[3:]
+    )
 
 
 def relative_position_bias(
@@ -234,7 +254,6 @@ def relative_position_bucket(
 
     Examples:
         >>> import keras
-        >>> import numpy as np
         >>> import numpy as np
         >>> buckets = relative_position_bucket(
         ...     np.array([-200, -3, -1, 0, 1, 3, 200]), num_buckets=8,
