@@ -126,11 +126,11 @@ class _RelativePositionBias:
             self.bidirectional,
         )  # (1, 1, T, S)
         if _is_grid(bucket, head):
-            # Whole rows of the table, then the heads asked for: both
-            # gathers (and their backward scatters) move rows, not scalars.
-            rows = ops.take(self.table, bucket[0, 0], axis=0)  # (T, S, N)
-            rows = ops.transpose(rows, (2, 0, 1))  # (N, T, S)
-            bias = ops.take(rows, head[0, :, 0, 0], axis=0)[None]
+            # The heads asked for, then whole rows of that small table:
+            # the gather (and its backward scatter) moves rows, not scalars.
+            table = ops.take(self.table, head[0, :, 0, 0], axis=1)  # (K, N)
+            rows = ops.take(table, bucket[0, 0], axis=0)  # (T, S, N)
+            bias = ops.transpose(rows, (2, 0, 1))[None]  # (1, N, T, S)
         else:  # scalars or other broadcasts, called by hand
             flat = ops.reshape(self.table, (-1,))  # (num_buckets * N,)
             bias = ops.take(flat, bucket * heads + head)
