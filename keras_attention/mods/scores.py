@@ -153,7 +153,8 @@ def _is_grid(bucket, head):
     head_shape = [static_dim(d) for d in head.shape]
     return (
         bucket_shape[:2] == [1, 1]
-        and head_shape[::2] == [1, 1] == head_shape[3:]
+        and head_shape[0] == 1
+        and head_shape[2:] == [1, 1]
     )
 
 

@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_attention import mods
 from keras_attention._kernels.blockwise import plan
+from tests.helpers import gradient
 from tests.helpers import np_mask_mod
 from tests.helpers import np_t5_bucket
 from tests.helpers import to_numpy
@@ -243,3 +244,44 @@ def test_static_mask_mods_round_trip_their_config(mod):
 def test_bad_arguments_raise(make, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         make()
+
+
+@pytest.mark.parametrize("form", ["grid", "per-row positions", "scalars"])
+def test_relative_position_bias_in_every_call_form(form):
+    """The bias and its table's gradients equal T5's position by position
+    however the mod is called: on the index grid every path uses (whole
+    rows of the table are gathered), with query positions per batch row
+    (as a cached step may give them), and one scalar position at a time
+    (as FlexAttention calls a score mod; every 4th query and 5th key)."""
+    table = np.random.default_rng(3).normal(size=(8, N)).astype("float32")
+    weights = np.random.default_rng(4).normal(size=(B, N, T, S))
+    weights = weights.astype("float32")
+    offsets = np.array([0, 5] if form == "per-row positions" else [0, 0])
+    step = (4, 5) if form == "scalars" else (1, 1)
+    positions = [
+        (r, n, i, j)
+        for r in range(B)
+        for n in range(N)
+        for i in range(0, T, step[0])
+        for j in range(0, S, step[1])
+    ]
+    expected, expected_grad = [], np.zeros((8, N))
+    for r, n, i, j in positions:
+        bucket = np_t5_bucket(j - i - offsets[r], 8, 16, True)
+        expected.append(table[bucket, n] * weights[r, n, i, j])
+        expected_grad[bucket, n] += weights[r, n, i, j]
+    b, h, q, k = grid()
+    if form == "per-row positions":
+        q = q + offsets.reshape(B, 1, 1, 1).astype("int32")  # (B, 1, T, 1)
+
+    def bias(table):
+        mod = mods.relative_position_bias(table, 8, 16)
+        if form == "scalars":
+            return ops.stack([mod(0.0, *p) * weights[p] for p in positions])
+        biased = mod(ops.zeros((B, N, T, S)), b, h, q, k)
+        return ops.reshape(ops.multiply(biased, weights), (-1,))
+
+    np.testing.assert_allclose(to_numpy(bias(table)), expected, atol=1e-6)
+    np.testing.assert_allclose(
+        gradient(bias, table), expected_grad, rtol=1e-5, atol=1e-5
+    )
