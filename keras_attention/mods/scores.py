@@ -128,10 +128,10 @@ class _RelativePositionBias:
         if _is_grid(bucket, head):
             # The heads asked for, then whole rows of that small table:
             # the gather (and its backward scatter) moves rows, not scalars.
-            table = ops.take(self.table, head[0, :, 0, 0], axis=1)  # (K, N)
-            rows = ops.take(table, bucket[0, 0], axis=0)  # (T, S, N)
+            heads_table = ops.take(self.table, head[0, :, 0, 0], axis=1)
+            rows = ops.take(heads_table, bucket[0, 0], axis=0)  # (T, S, N)
             bias = ops.transpose(rows, (2, 0, 1))[None]  # (1, N, T, S)
-        else:  # scalars or other broadcasts, called by hand
+        else:  # scalars (FlexAttention) or other broadcasts
             flat = ops.reshape(self.table, (-1,))  # (num_buckets * N,)
             bias = ops.take(flat, bucket * heads + head)
         return score + ops.cast(bias, score.dtype)

@@ -251,7 +251,7 @@ def test_relative_position_bias_in_every_call_form(form):
     """The bias and its table's gradients equal T5's position by position
     however the mod is called: on the index grid every path uses (whole
     rows of the table are gathered), with query positions per batch row
-    (as a cached step may give them), and one scalar position at a time
+    (the flat gather), and one scalar position at a time
     (as FlexAttention calls a score mod; every 4th query and 5th key)."""
     table = np.random.default_rng(3).normal(size=(8, N)).astype("float32")
     weights = np.random.default_rng(4).normal(size=(B, N, T, S))
