@@ -8,15 +8,13 @@ layer with T5's learned, bucketed relative position bias (Raffel et al.
 64, feed-forward 2048 (ReLU), no dropout, float32, side by side in one
 process:
 
-* `ours`: `TransformerEncoderBlock(normalize_first=True,
-  score_mod=RelativePositionBias(...))`, the bias applied as a score mod
-  on whichever path attention takes;
+* `ours`: `TransformerEncoderBlock(normalize_first=True, use_bias=False,
+  use_rms_norm=True, score_mod=RelativePositionBias())`, T5's layer
+  (the unit tests check that it equals keras-hub's, given its weights),
+  the bias applied as a score mod on whichever path attention takes;
 * `keras_hub`: `keras_hub`'s `T5TransformerLayer` (encoder, owning its
   relative attention bias), which adds the `(1, N, T, T)` bias to dense
   logits.
-
-The two differ beyond attention as T5 and the Transformer do: T5 uses
-RMS normalisation and no biases in its projections.
 
     KERAS_BACKEND=jax python benchmarks/relative_bias.py [--quick]
 """
@@ -35,7 +33,13 @@ def layer_of(candidate):
     if candidate == "ours":
         bias = ka.RelativePositionBias()
         return ka.TransformerEncoderBlock(
-            N, FF, normalize_first=True, score_mod=bias
+            N,
+            FF,
+            layer_norm_epsilon=1e-6,
+            normalize_first=True,
+            use_bias=False,
+            use_rms_norm=True,
+            score_mod=bias,
         )
     from keras_hub.src.models.t5.t5_transformer_layer import T5TransformerLayer
 

@@ -657,15 +657,15 @@ def relative_bias_section():
     lines = [
         "## T5's relative position bias",
         "",
-        "A pre-LN encoder layer with T5's learned relative position bias "
-        "(32 buckets, maximum distance 128), D=512, 8 heads, feed-forward "
-        "2048, float32, B=4, training step: "
-        "`TransformerEncoderBlock(normalize_first=True, "
-        "score_mod=RelativePositionBias())` against keras-hub's "
-        "`T5TransformerLayer`, which adds the `(1, N, T, T)` bias to "
-        "dense logits. The layers differ beyond attention as T5 differs "
-        "from the Transformer (RMS normalisation, no biases); *path* is "
-        "the one `explain()` names for ours.",
+        "T5's encoder layer (pre-RMSNorm, no biases, T5's learned "
+        "relative position bias with 32 buckets and maximum distance 128), "
+        "D=512, 8 heads, feed-forward 2048, float32, B=4, training step: "
+        "`TransformerEncoderBlock(normalize_first=True, use_bias=False, "
+        "use_rms_norm=True, score_mod=RelativePositionBias())` against "
+        "keras-hub's `T5TransformerLayer`, which adds the `(1, N, T, T)` "
+        "bias to dense logits. Given the same weights, the two layers "
+        "compute the same outputs; *path* is the one `explain()` names "
+        "for ours.",
         "",
         "| backend | T | path | ours (ms) | keras-hub T5 (ms) | speed-up |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -24,7 +24,8 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
 
     Post-LN (the original Transformer): `LN(x + Dropout(f(x)))`. Pre-LN
     (`normalize_first=True`): `x + Dropout(f(LN(x)))`. The feed-forward
-    net is `W_2 act(W_1 x + b_1) + b_2`.
+    net is `W_2 act(W_1 x + b_1) + b_2` (without the biases when
+    `use_bias=False`); `use_rms_norm` puts RMSNorm where LN is.
     """
 
     _default_lora_targets = ("query_dense", "value_dense")
@@ -47,6 +48,8 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         logit_soft_cap: float | None = None,
         use_qk_norm: bool = False,
         score_mod=None,
+        use_bias: bool = True,
+        use_rms_norm: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -57,6 +60,8 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         if isinstance(sliding_window, list):  # from a JSON config
             sliding_window = tuple(sliding_window)
         checks.check_positive_int(where, "intermediate_dim", intermediate_dim)
+        checks.check_flag(where, "use_bias", use_bias)
+        checks.check_flag(where, "use_rms_norm", use_rms_norm)
         # The self-attention's arguments, checked here: it is made in
         # `build`, but bad arguments fail at construction.
         checks.check_head_arguments(
@@ -90,6 +95,8 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         self.alibi = alibi
         self.logit_soft_cap = logit_soft_cap
         self.use_qk_norm = use_qk_norm
+        self.use_bias = bool(use_bias)
+        self.use_rms_norm = bool(use_rms_norm)
         self.supports_masking = True
 
     def get_config(self):
@@ -120,6 +127,8 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
                     if self.score_mod is None
                     else keras.saving.serialize_keras_object(self.score_mod)
                 ),
+                "use_bias": self.use_bias,
+                "use_rms_norm": self.use_rms_norm,
             }
         )
         return sublayers.dtype_config(self, config)
@@ -172,6 +181,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
             logit_soft_cap=self.logit_soft_cap,
             use_qk_norm=self.use_qk_norm,
             score_mod=self.score_mod,
+            use_bias=self.use_bias,
             dtype=policy_for(self, "self_attention"),
             name="self_attention",
         )
@@ -200,7 +210,13 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         self.feedforward_dropout = self._dropout("feedforward_dropout")
 
     def _layer_norm(self, name, inputs_shape):
-        layer = keras.layers.LayerNormalization(
+        """LayerNorm, or RMSNorm with `use_rms_norm`."""
+        norm = (
+            keras.layers.RMSNormalization
+            if self.use_rms_norm
+            else keras.layers.LayerNormalization
+        )
+        layer = norm(
             epsilon=self.layer_norm_epsilon,
             dtype=policy_for(self, name),
             name=name,
@@ -219,6 +235,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         layer = keras.layers.Dense(
             units,
             activation=activation,
+            use_bias=self.use_bias,
             kernel_initializer=fresh(self.kernel_initializer),
             bias_initializer=fresh(self.bias_initializer),
             dtype=policy_for(self, name),

@@ -76,6 +76,12 @@ class TransformerDecoderBlock(TransformerBlockBase):
             self-attention's logits (see `MultiHeadSelfAttention`); a Keras
             layer such as `RelativePositionBias` is trained and saved with
             the block. Defaults to `None`.
+        use_bias (bool): Biases in the attention projections and the
+            feed-forward net. T5 and Llama have none. Defaults to `True`.
+        use_rms_norm (bool): RMSNorm (Zhang and Sennrich 2019), as T5 and
+            Llama use, in place of LayerNorm: $x / \\operatorname{RMS}(x)$
+            times a learned scale, without centring or shift. Defaults to
+            `False`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
@@ -149,7 +155,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
         (2, 1, 16)
 
     References:
-        Vaswani et al., "Attention Is All You Need", 2017.
+        Vaswani et al., "Attention Is All You Need", 2017. Zhang and
+        Sennrich, "Root Mean Square Layer Normalization", 2019.
     """
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
@@ -168,6 +175,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 kernel_initializer=self.kernel_initializer,
                 bias_initializer=self.bias_initializer,
                 use_qk_norm=self.use_qk_norm,
+                use_bias=self.use_bias,
                 dtype=policy_for(self, "cross_attention"),
                 name="cross_attention",
             )

@@ -61,6 +61,12 @@ class TransformerEncoderBlock(TransformerBlockBase):
             self-attention's logits (see `MultiHeadSelfAttention`); a Keras
             layer such as `RelativePositionBias` is trained and saved with
             the block. Defaults to `None`.
+        use_bias (bool): Biases in the attention projections and the
+            feed-forward net. T5 and Llama have none. Defaults to `True`.
+        use_rms_norm (bool): RMSNorm (Zhang and Sennrich 2019), as T5 and
+            Llama use, in place of LayerNorm: $x / \\operatorname{RMS}(x)$
+            times a learned scale, without centring or shift. Defaults to
+            `False`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
@@ -100,6 +106,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
     References:
         Vaswani et al., "Attention Is All You Need", 2017. Xiong et al.,
         "On Layer Normalization in the Transformer Architecture", 2020.
+        Zhang and Sennrich, "Root Mean Square Layer Normalization", 2019.
     """
 
     def build(self, inputs_shape):

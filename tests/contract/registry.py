@@ -220,10 +220,12 @@ CASES = {
             "intermediate_dim": 16,
             "normalize_first": True,
             "use_rotary": True,
+            "use_bias": False,  # Llama-style: no biases, RMSNorm
+            "use_rms_norm": True,
         },
         (B, T, D),
         (B, T, D),
-        8 + 4 + 4,
+        4 + 2 + 2,  # attention kernels, 2 RMSNorm scales, 2 Dense kernels
     ),
     "decoder_block_with_encoder": case(
         ka.TransformerDecoderBlock,

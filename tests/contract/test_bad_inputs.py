@@ -622,6 +622,11 @@ CASES = {
         "layer_norm_epsilon",
         lambda: ka.TransformerEncoderBlock(2, 16, layer_norm_epsilon=0),
     ),
+    "encoder-use-bias": (
+        ENC,
+        "use_bias",
+        lambda: ka.TransformerEncoderBlock(2, 16, use_bias="no"),
+    ),
     "encoder-rank": (
         ENC,
         "inputs",
@@ -646,6 +651,11 @@ CASES = {
         DEC,
         "intermediate_dim",
         lambda: ka.TransformerDecoderBlock(2, 0),
+    ),
+    "decoder-block-rms-norm": (
+        DEC,
+        "use_rms_norm",
+        lambda: ka.TransformerDecoderBlock(2, 16, use_rms_norm=None),
     ),
     "decoder-block-rank": (
         DEC,

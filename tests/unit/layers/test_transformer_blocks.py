@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attention import RelativePositionBias
 from keras_attention import TransformerDecoderBlock
 from keras_attention import TransformerEncoderBlock
 from tests.helpers import rng
@@ -100,6 +101,99 @@ def test_decoder_only_parity_with_keras_hub():
     ours(x)
     copy_from_keras_hub(theirs, ours)
     np.testing.assert_allclose(to_numpy(ours(x)), want, atol=1e-5)
+
+
+def t5_layer(is_decoder):
+    """keras-hub's T5 layer (pre-RMSNorm, no biases, T5's relative bias
+    in the self-attention, unscaled logits), its weights random."""
+    from keras_hub.src.models.t5.t5_transformer_layer import T5TransformerLayer
+
+    hub()
+    return T5TransformerLayer(
+        is_decoder=is_decoder,
+        hidden_dim=D,
+        intermediate_dim=F,
+        key_value_dim=D // 4,
+        dropout=0.0,
+        activation="relu",
+        layer_norm_epsilon=1e-6,
+        num_heads=4,
+        use_relative_attention_bias=True,
+    )
+
+
+def copy_from_t5(theirs, ours):
+    """T5's weights into our block: they list in the same order. T5 does
+    not scale its logits, so our query kernels carry the `sqrt(H)`."""
+    assert len(theirs.weights) == len(ours.weights)
+    for seed, (weight, our) in enumerate(
+        zip(theirs.weights, ours.weights, strict=True)
+    ):
+        value = rng(40 + seed).normal(size=weight.shape).astype("float32")
+        weight.assign(value)
+        if "query_projector" in weight.path:
+            value = value * np.sqrt(D // 4)
+        our.assign(value.reshape(our.shape))
+
+
+# keras-hub's T5 layer passes a Keras mask to a sublayer that drops it.
+@pytest.mark.filterwarnings(
+    "ignore:Layer '.*_attention' .of type T5:UserWarning"
+)
+@pytest.mark.parametrize("is_decoder", [False, True])
+def test_t5_style_block_equals_keras_hub_t5_layer(is_decoder):
+    """`use_bias=False`, `use_rms_norm=True` and a `RelativePositionBias`
+    make the pre-LN block T5's layer: equal outputs with T5's weights, at
+    lengths past T5's exact-distance buckets, with padding."""
+    length = 24  # distances up to 23: T5's logarithmic buckets too
+    x, source = data(5, length), data(6, S)
+    theirs = t5_layer(is_decoder)
+    block = TransformerDecoderBlock if is_decoder else TransformerEncoderBlock
+    ours = block(
+        4,
+        F,
+        normalize_first=True,
+        layer_norm_epsilon=1e-6,
+        use_bias=False,
+        use_rms_norm=True,
+        score_mod=RelativePositionBias(bidirectional=not is_decoder),
+    )
+    if is_decoder:
+        source_pad = padding(S, [3, S])
+        call_theirs = dict(
+            encoder_hidden_states=source,
+            encoder_attention_mask=np.repeat(source_pad[:, None], length, 1),
+            use_causal_mask=True,
+        )
+        call_ours = dict(
+            encoder_outputs=source, encoder_padding_mask=source_pad
+        )
+        real = np.ones((B, length), bool)
+    else:
+        real = padding(length, [17, length])
+        call_theirs = dict(attention_mask=np.repeat(real[:, None], length, 1))
+        call_ours = dict(padding_mask=real)
+    theirs(x, **call_theirs)
+    ours(x, **call_ours)
+    copy_from_t5(theirs, ours)
+    want = to_numpy(theirs(x, **call_theirs)[0])
+    got = to_numpy(ours(x, **call_ours))
+    np.testing.assert_allclose(got[real], want[real], rtol=1e-4, atol=1e-4)
+
+
+def test_blocks_without_biases_hold_no_bias_weights():
+    for block in (
+        TransformerEncoderBlock(4, F, use_bias=False),
+        TransformerDecoderBlock(4, F, use_bias=False, use_rms_norm=True),
+    ):
+        if isinstance(block, TransformerDecoderBlock):
+            block(data(), data(1, S))
+        else:
+            block(data())
+        names = sorted(w.path.rsplit("/", 1)[1] for w in block.weights)
+        assert "bias" not in names
+        assert ("scale" in names) == block.use_rms_norm
+        assert ("beta" in names) != block.use_rms_norm
 
 
 def test_encoder_is_permutation_equivariant_without_positions():
