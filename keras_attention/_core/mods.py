@@ -42,6 +42,40 @@ def check_mod(where, name, mod):
     return mod
 
 
+def serialize_mod(mod):
+    """`mod`'s config for a layer's `get_config`, or `None`.
+
+    A mod that is a Keras layer (one that owns weights, such as
+    `RelativePositionBias`) may be shared by several attention layers, as
+    T5's layers share one bias table. Keras marks an object it serializes
+    twice in one file as shared, but only in the copies it keeps of the
+    second and later configs: the first, which a layer's `get_config`
+    returns before Keras copies it, would lose the mark, and the loaded
+    model would hold two tables where there was one (and fail to load the
+    second). While Keras writes a file, the layer's config therefore
+    always carries its identity; when the file is loaded, every config
+    with that identity is the same layer again. Outside (`get_config`
+    called directly) the config is plain, so that it round-trips.
+    """
+    if mod is None:
+        return None
+    config = keras.saving.serialize_keras_object(mod)
+    if isinstance(mod, keras.layers.Layer) and _sharing_objects():
+        config["shared_object_id"] = id(mod)
+    return config
+
+
+def _sharing_objects():
+    """Whether Keras is serializing inside its object-sharing scope (as it
+    does to save or clone a model)."""
+    from keras.src.backend.common import global_state
+
+    return (
+        global_state.get_global_attribute("shared_objects/id_to_config_map")
+        is not None
+    )
+
+
 def grid(batch, heads, rows, cols):
     """The index tensors `(batch (B, 1, 1, 1), head (1, N, 1, 1), q_idx
     (1, 1, R, 1), kv_idx (1, 1, 1, C))`, int32, for `rows` `(R,)` and

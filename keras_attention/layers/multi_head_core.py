@@ -104,11 +104,7 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
                 "alibi": self.alibi,
                 "logit_soft_cap": self.logit_soft_cap,
                 "use_qk_norm": self.use_qk_norm,
-                "score_mod": (
-                    None
-                    if self.score_mod is None
-                    else keras.saving.serialize_keras_object(self.score_mod)
-                ),
+                "score_mod": mods_.serialize_mod(self.score_mod),
             }
         )
         return sublayers.dtype_config(self, config)

@@ -8,6 +8,7 @@ import keras
 
 from keras_attention._core import Structure
 from keras_attention._core.mods import check_mod
+from keras_attention._core.mods import serialize_mod
 from keras_attention.layers import checks
 from keras_attention.layers import sublayers
 from keras_attention.layers.multi_head_self_attention import (
@@ -122,11 +123,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
                 "alibi": self.alibi,
                 "logit_soft_cap": self.logit_soft_cap,
                 "use_qk_norm": self.use_qk_norm,
-                "score_mod": (
-                    None
-                    if self.score_mod is None
-                    else keras.saving.serialize_keras_object(self.score_mod)
-                ),
+                "score_mod": serialize_mod(self.score_mod),
                 "use_bias": self.use_bias,
                 "use_rms_norm": self.use_rms_norm,
             }

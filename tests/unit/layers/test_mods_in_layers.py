@@ -164,3 +164,41 @@ def test_prefix_lm_in_a_decoder_block():
     got = block(x, use_causal_mask=False, mask_mod=mods.prefix_lm(prefix))
     want = block(x, use_causal_mask=False, attention_mask=dense)
     np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-6)
+
+
+def test_a_bias_shared_by_layers_stays_shared_when_saved(tmp_path):
+    """T5's layers share one bias table. One `RelativePositionBias` given
+    to an attention layer and two blocks is one table: `fit` trains it
+    once, and a `.keras` file loads it as one table again, with the same
+    outputs, also after a further step of both models."""
+    bias = ka.RelativePositionBias(num_buckets=8, max_distance=16)
+    inputs = keras.Input((T, D))
+    x = inputs + ka.MultiHeadSelfAttention(N, score_mod=bias)(inputs)
+    for _ in range(2):
+        x = ka.TransformerEncoderBlock(N, 16, score_mod=bias)(x)
+    model = keras.Model(inputs, x)
+    data = rng(1).normal(size=(B, T, D)).astype("float32")
+    target = rng(2).normal(size=(B, T, D)).astype("float32")
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(data, target, epochs=1, verbose=0)
+    assert np.abs(to_numpy(bias.table)).max() > 0  # it starts at zeros
+
+    model.save(tmp_path / "shared.keras")
+    loaded = keras.saving.load_model(tmp_path / "shared.keras")
+    mods_held = {
+        id(layer.score_mod)
+        for layer in loaded.layers
+        if getattr(layer, "score_mod", None) is not None
+    }
+    tables = [w for w in loaded.weights if w.path.endswith("/table")]
+    assert len(mods_held) == 1 and len(tables) == 1
+    np.testing.assert_array_equal(to_numpy(tables[0]), to_numpy(bias.table))
+    np.testing.assert_allclose(
+        to_numpy(loaded(data)), to_numpy(model(data)), atol=1e-6
+    )
+    loaded.compile(optimizer="sgd", loss="mse")
+    for trained in (model, loaded):
+        trained.train_on_batch(data, target)
+    np.testing.assert_allclose(
+        to_numpy(loaded(data)), to_numpy(model(data)), atol=1e-5
+    )
