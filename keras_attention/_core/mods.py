@@ -21,6 +21,7 @@ rows and C keys of a block.
 
 import copy
 import functools
+import inspect
 import types
 
 import keras
@@ -30,16 +31,85 @@ from keras import ops
 from keras_attention._core.checks import is_tensor
 from keras_attention._core.checks import static_dim
 
+# What each kind of mod is called with.
+SIGNATURES = {
+    "mask_mod": "mask_mod(batch, head, q_idx, kv_idx)",
+    "score_mod": "score_mod(score, batch, head, q_idx, kv_idx)",
+}
+
 
 def check_mod(where, name, mod):
-    """`mod` if it is callable (or `None`), else a `ValueError`."""
+    """`mod` if it is callable (or `None`) and can take the arguments a
+    `name` is called with, else a `ValueError` (so that a score mod
+    given as a mask mod, or the reverse, is named as such)."""
     if mod is not None and not callable(mod):
         raise ValueError(
             f"{where}: `{name}` must be a callable, "
             f"`{name.replace('_mod', '')}(... q_idx, kv_idx)`, or None. "
             f"Received: {name}={mod!r}"
         )
+    if mod is not None and not _takes(mod, SIGNATURES[name].count(",") + 1):
+        raise ValueError(
+            f"{where}: `{name}` is called as `{SIGNATURES[name]}`; this "
+            f"callable cannot take those arguments. Received: {name}={mod!r}"
+        )
     return mod
+
+
+def _takes(fn, count):
+    """Whether `fn` can be called with `count` positional arguments (true
+    where its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    kinds = inspect.Parameter
+    if any(p.kind is kinds.VAR_POSITIONAL for p in parameters):
+        most = count
+    else:
+        most = sum(
+            p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+            for p in parameters
+        )
+    least = sum(
+        p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        and p.default is p.empty
+        for p in parameters
+    )
+    keyword_only = any(
+        p.kind is kinds.KEYWORD_ONLY and p.default is p.empty
+        for p in parameters
+    )
+    return least <= count <= most and not keyword_only
+
+
+def check_mod_sizes(where, mask_mod, batch, query_length, key_length):
+    """Mask mods that hold data per batch row and position (document ids,
+    prefix lengths) must hold it for a call of `batch` rows, `T =
+    query_length` queries and `S = key_length` keys (ints, or `None` or
+    tensors where unknown): else they would read another row's data, or
+    past the end, which some backends clamp silently. Such a mod says so
+    in a `check_sizes(where, batch, query_length, key_length)` method.
+    At sequence positions (a cached step) its positions run past the
+    call's lengths, so only the batch is checked there."""
+    sizes = [
+        d if isinstance(d, int) else None
+        for d in (batch, query_length, key_length)
+    ]
+
+    def visit(mod, positioned):
+        if isinstance(mod, Positioned):
+            visit(mod.mod, True)
+        elif isinstance(mod, Combined):
+            for part in mod.mods:
+                visit(part, positioned)
+        elif isinstance(mod, BlockTable):
+            visit(mod.mask_mod, positioned)
+        elif hasattr(mod, "check_sizes"):
+            lengths = [None, None] if positioned else sizes[1:]
+            mod.check_sizes(where, sizes[0], *lengths)
+
+    visit(mask_mod, False)
 
 
 def serialize_mod(mod):
@@ -90,7 +160,7 @@ def grid(batch, heads, rows, cols):
 def visible(where, mask_mod, indices):
     """`mask_mod(*indices)`, checked: a boolean tensor that broadcasts to
     the grid of `indices` (see `grid`)."""
-    result = mask_mod(*indices)
+    result = _call(where, "mask_mod", mask_mod, indices, indices)
     if isinstance(result, bool):
         result = ops.convert_to_tensor(result)
     expected = _grid_shape(indices)
@@ -109,7 +179,7 @@ def visible(where, mask_mod, indices):
 def modified(where, score_mod, scores, indices):
     """`score_mod(scores, *indices)`, checked: new logits of the scores'
     shape, in their dtype."""
-    result = score_mod(scores, *indices)
+    result = _call(where, "score_mod", score_mod, (scores, *indices), indices)
     shape, dtype = _shape(result), _dtype(result)
     if "float" not in dtype or not _same(shape, _shape(scores)):
         raise ValueError(
@@ -118,6 +188,28 @@ def modified(where, score_mod, scores, indices):
             f"and dtype {dtype}"
         )
     return ops.cast(result, scores.dtype)
+
+
+def _call(where, name, mod, args, indices):
+    """`mod(*args)`. An error the mod raises that is not one of this
+    library's (a backend's broadcasting error, say: a mod computed from a
+    tensor of the whole grid fails on a block of it) becomes a
+    `ValueError` that says what the mod was given."""
+    try:
+        return mod(*args)
+    except ValueError as error:
+        if "Received:" in str(error):
+            raise  # the library's own, naming its argument
+        failure = error
+    except Exception as error:  # a backend's own error type
+        failure = error
+    raise ValueError(
+        f"{where}: `{name}` failed on index tensors that broadcast to "
+        f"{_grid_shape(indices)}. A mod must compute elementwise from "
+        "its index tensors: a path may call it on one block of the "
+        "(B, N, T, S) grid at a time. Received: "
+        f"{type(failure).__name__}: {failure}"
+    ) from failure
 
 
 class BlockTable:
@@ -264,8 +356,7 @@ def _children(obj):
         named = [
             obj.__globals__[name]
             for name in obj.__code__.co_names
-            if name in obj.__globals__
-            and (is_tensor(obj.__globals__[name]) or _is_variable(obj, name))
+            if name in obj.__globals__ and _may_hold(obj.__globals__[name])
         ]
         defaults = list(obj.__defaults__ or ())
         return (
@@ -279,8 +370,20 @@ def _children(obj):
     return list(getattr(obj, "__dict__", {}).values())
 
 
-def _is_variable(fn, name):
-    return isinstance(fn.__globals__[name], keras.Variable)
+def _may_hold(value):
+    """Whether a global a function names may hold what a mod reads: a
+    tensor or variable, a container, or another function (a helper)."""
+    return is_tensor(value) or isinstance(
+        value,
+        (
+            keras.Variable,
+            list,
+            tuple,
+            dict,
+            types.FunctionType,
+            functools.partial,
+        ),
+    )
 
 
 def _substitute(obj, replaced, memo):
@@ -333,11 +436,13 @@ def _substitute_function(fn, replaced, memo):
         types.CellType(_substitute(cell.cell_contents, replaced, memo))
         for cell in fn.__closure__ or ()
     )
-    named = {
-        name: replaced[id(fn.__globals__[name])]
-        for name in fn.__code__.co_names
-        if name in fn.__globals__ and id(fn.__globals__[name]) in replaced
-    }
+    named = {}
+    for name in fn.__code__.co_names:
+        value = fn.__globals__.get(name)
+        if name in fn.__globals__ and _may_hold(value):
+            new = _substitute(value, replaced, memo)
+            if new is not value:
+                named[name] = new
     scope = {**fn.__globals__, **named} if named else fn.__globals__
     result = types.FunctionType(
         fn.__code__,

@@ -43,6 +43,7 @@ from keras_attention._core.mods import BlockTable
 from keras_attention._core.mods import Combined
 from keras_attention._core.mods import chained
 from keras_attention._core.mods import check_mod
+from keras_attention._core.mods import check_mod_sizes
 from keras_attention._core.mods import grid
 from keras_attention._core.mods import modified
 from keras_attention._core.mods import visible
@@ -143,6 +144,7 @@ class Structure:
         _check_soft_cap(where, logit_soft_cap)
         check_mod(where, "mask_mod", mask_mod)
         check_mod(where, "score_mod", score_mod)
+        check_mod_sizes(where, mask_mod, batch, query_length, key_length)
         if offset is None:
             offset = 0
             # Unknown lengths (a symbolic check) leave the offset to the run.
@@ -475,7 +477,7 @@ def _matches(shape, expected):
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def _is_zero(x) -> bool:

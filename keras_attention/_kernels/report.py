@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._core.mods import BlockTable
 from keras_attention._core.mods import Chained
 from keras_attention._core.mods import Positioned
 from keras_attention._kernels import dispatch
@@ -156,16 +157,18 @@ def _visited(query, key, structure):
     without the batch size."""
     batch = runtime.static_dim(query.shape[0])
     lengths = [runtime.static_dim(x.shape[1]) for x in (query, key)]
-    block = dispatch.chunk_size()
+    block = dispatch.chunk_size(structure)
     if batch is None or None in lengths:
         return "evaluated once per call into a map of blocks"
     heads = 1 if len(query.shape) == 3 else query.shape[2]
-    table = ops.convert_to_numpy(
-        plan.block_map(structure, batch, heads, *lengths, block)
-    )
+    sizes = (batch, heads, *lengths, block)
+    known = plan.known_mod_blocks(structure, *sizes)
+    reused = isinstance(structure.mask_mod, BlockTable) and known is not None
+    table = ops.convert_to_numpy(plan.block_map(structure, *sizes, known))
     visited, full = int(np.sum(table > 0)), int(np.sum(table == plan.FULL))
+    how = "read from its block mask" if reused else "evaluated into a map"
     return (
-        f"evaluated into a map of {block}-row blocks: {visited} of "
+        f"{how} of {block}-row blocks: {visited} of "
         f"{table.size} block pairs visited ({100 * visited / table.size:.0f}"
         f"%; {full} without an elementwise mask), the others skipped"
     )

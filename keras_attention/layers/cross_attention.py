@@ -80,11 +80,15 @@ class CrossAttention(MultiHeadCore):
             to the source positions of its own id; id `0` is padding. Defaults
             to `None`.
         mask_mod (Callable | None): A mask mod for this call (see
-            `keras_attention.mods`); `q_idx` indexes the queries, `kv_idx`
-            the source. Defaults to `None`.
+            `keras_attention.mods`); `q_idx` is the query's position in
+            its sequence (see `start_index`), `kv_idx` indexes the source.
+            Defaults to `None`.
         score_mod (Callable | None): A score mod for this call, applied
             after the layer's own. Defaults to `None`.
         training (bool): Whether dropout is active.
+        start_index (int | Tensor): The position of the first query in
+            its sequence, as the mods see it: in a decoding step of one
+            query at position `t`, `start_index=t`. Defaults to `0`.
 
     Returns:
         Tensor | tuple[Tensor, Tensor]: `outputs` `(B, T, Dq)`, or
@@ -124,8 +128,10 @@ class CrossAttention(MultiHeadCore):
         mask_mod=None,
         score_mod=None,
         training=None,
+        start_index=0,
     ):
         batch, length = query.shape[0], query.shape[1]
+        checks.check_start_index(self._where(), start_index)
         if cache is None:
             key = value if key is None else key
             checks.check_batch_and_length(
@@ -164,6 +170,7 @@ class CrossAttention(MultiHeadCore):
             segment_ids=segment_ids,
             mask_mod=mask_mod,
             score_mod=score_mod,
+            starts=(start_index, None),
         )
         if return_attention_scores:
             return outputs, scores
@@ -190,6 +197,7 @@ class CrossAttention(MultiHeadCore):
         mask_mod=None,
         score_mod=None,
         training=None,
+        start_index=0,
     ):
         outputs = keras.KerasTensor(query.shape, dtype=self.compute_dtype)
         if not return_attention_scores:

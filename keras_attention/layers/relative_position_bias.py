@@ -7,6 +7,7 @@ import keras
 
 from keras_attention import mods
 from keras_attention.mods import scores
+from keras_attention.mods._common import flag
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -79,10 +80,11 @@ class RelativePositionBias(keras.layers.Layer):
                     f"{where}: `{name}` must be an int of at least 2. "
                     f"Received: {name}={value!r}"
                 )
+        bidirectional = flag(where, "bidirectional", bidirectional)
         scores.check_buckets(where, num_buckets, max_distance, bidirectional)
         self.num_buckets = num_buckets
         self.max_distance = max_distance
-        self.bidirectional = bool(bidirectional)
+        self.bidirectional = bidirectional
         self.embeddings_initializer = keras.initializers.get(
             embeddings_initializer
         )

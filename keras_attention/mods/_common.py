@@ -43,12 +43,33 @@ def check_rows(where, name, x, batch):
         )
 
 
+def check_shape(where, what, name, shape, expected, axes):
+    """`shape` must be `expected` where both are known: a `ValueError`
+    naming the call (`where`), the mod (`what`) and its argument."""
+    shape = tuple(static_dim(d) for d in shape)
+    if any(
+        a is not None and b is not None and a != b
+        for a, b in zip(shape, expected, strict=True)
+    ):
+        wanted = tuple("?" if d is None else d for d in expected)
+        raise ValueError(
+            f"{where}: `mask_mod` {what} needs `{name}` of shape {axes} = "
+            f"{wanted} for this call. Received: {name}.shape={shape}"
+        )
+
+
 def integers(where, name, x, rank):
+    axes = "(B, T)" if rank == 2 else "(B,)"
     if not is_tensor(x):
-        x = ops.convert_to_tensor(np.asarray(x))
+        array = np.asarray(x)
+        if array.dtype.kind not in "iu":
+            raise ValueError(
+                f"{where}: `{name}` must be integers of shape {axes}. "
+                f"Received: {name}={x!r}"
+            )
+        x = ops.convert_to_tensor(array)
     dtype = keras.backend.standardize_dtype(x.dtype)
     if "int" not in dtype or len(x.shape) != rank:
-        axes = "(B, T)" if rank == 2 else "(B,)"
         raise ValueError(
             f"{where}: `{name}` must be integers of shape {axes}. Received: "
             f"{name}.shape={tuple(x.shape)}, dtype={dtype}"
@@ -67,6 +88,16 @@ def positive_int(where, name, value):
             f"{name}={value!r}"
         )
     return int(value)
+
+
+def flag(where, name, value):
+    """A Python or NumPy bool: a string would be read as truth."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(
+            f"{where}: `{name}` must be True or False. "
+            f"Received: {name}={value!r}"
+        )
+    return bool(value)
 
 
 def callables(where, mods):

@@ -2,6 +2,7 @@
 
 from keras_attention import _kernels
 from keras_attention._core.mods import BlockTable
+from keras_attention._core.mods import check_mod_sizes
 from keras_attention.mods._common import callables
 from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
@@ -121,7 +122,12 @@ def block_mask(
             ("num_heads", num_heads),
             ("query_length", query_length),
             ("key_length", key_length),
-            ("block_size", block_size or _kernels.CHUNK_SIZE),
+            (
+                "block_size",
+                _kernels.CHUNK_SIZE if block_size is None else block_size,
+            ),
         )
     ]
+    batch, _, query_length, key_length, _ = sizes
+    check_mod_sizes(where, mask_mod, batch, query_length, key_length)
     return BlockMask(mask_mod, *sizes)

@@ -4,8 +4,10 @@ Shape legend: B batch, N heads, T query length, S key length.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
+from keras_attention._core import is_tensor
 from keras_attention._core import static_dim
 from keras_attention._core.builtins import Band
 from keras_attention._core.builtins import Segments
@@ -15,6 +17,7 @@ from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import callables
 from keras_attention.mods._common import check_rows
+from keras_attention.mods._common import check_shape
 from keras_attention.mods._common import integers
 from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
@@ -59,8 +62,12 @@ def causal():
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class _SlidingWindow(Configured, Band):
     def __init__(self, window):
-        self.window = window
-        super().__init__(*check_window("sliding_window", window))
+        left, right = check_window("sliding_window", window)
+        # As given (an int or a pair), in Python ints for its config.
+        self.window = (
+            (left, right) if isinstance(window, (tuple, list)) else left + 1
+        )
+        super().__init__(left, right)
 
     def __call__(self, batch, head, q_idx, kv_idx):
         return super().__call__(*tensors(batch, head, q_idx, kv_idx))
@@ -110,6 +117,15 @@ class _Document(Segments):
         check_rows("document", "segment_ids", self.query_ids, batch)
         check_rows("document", "segment_ids", self.key_ids, batch)
         return super().__call__(batch, head, q_idx, kv_idx)
+
+    def check_sizes(self, where, batch, query_length, key_length):
+        """The query ids `(B, T)` and the key ids `(B, S)` of the call."""
+        for ids, length, axes in (
+            (self.query_ids, query_length, "(B, T)"),
+            (self.key_ids, key_length, "(B, S)"),
+        ):
+            check_shape(where, "document", "segment_ids", ids.shape,
+                        (batch, length), axes)  # fmt: skip
 
     def __repr__(self):
         return "document(segment_ids)"
@@ -192,6 +208,11 @@ class _PrefixLM:
         whole = (last_key < prefix) | (last_key <= first_row)
         return _kinds(ops.all(whole, axis=0), ops.any(seen, axis=0))
 
+    def check_sizes(self, where, batch, query_length, key_length):
+        """A prefix length for each row of the call's batch."""
+        check_shape(where, "prefix_lm", "prefix_lengths",
+                    self.prefix_lengths.shape, (batch,), "(B,)")  # fmt: skip
+
     def __repr__(self):
         return "prefix_lm(prefix_lengths)"
 
@@ -223,6 +244,11 @@ def prefix_lm(prefix_lengths):
          [1 1 1 1 1]]
     """
     lengths = integers("prefix_lm", "prefix_lengths", prefix_lengths, 1)
+    if not is_tensor(prefix_lengths) and np.min(prefix_lengths, initial=0) < 0:
+        raise ValueError(
+            "prefix_lm: `prefix_lengths` must not be negative. Received: "
+            f"prefix_lengths={np.asarray(prefix_lengths).tolist()}"
+        )
     return _PrefixLM(ops.cast(lengths, "int32"))
 
 

@@ -14,6 +14,7 @@ from keras_attention._core.builtins import SoftCap
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import check_heads
+from keras_attention.mods._common import flag
 from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
 
@@ -205,9 +206,14 @@ def relative_position_bias(
     where = "relative_position_bias"
     num_buckets = positive_int(where, "num_buckets", num_buckets)
     max_distance = positive_int(where, "max_distance", max_distance)
+    bidirectional = flag(where, "bidirectional", bidirectional)
     check_buckets(where, num_buckets, max_distance, bidirectional)
     shape = tuple(static_dim(d) for d in getattr(table, "shape", ()))
-    dtype = keras.backend.standardize_dtype(getattr(table, "dtype", "none"))
+    dtype = (
+        keras.backend.standardize_dtype(table.dtype)
+        if hasattr(table, "dtype")
+        else type(table).__name__
+    )
     if len(shape) != 2 or shape[0] != num_buckets or "float" not in dtype:
         raise ValueError(
             f"{where}: `table` must be a float tensor of shape (num_buckets, "
@@ -215,7 +221,7 @@ def relative_position_bias(
             f"dtype={dtype}"
         )
     return _RelativePositionBias(
-        table, num_buckets, max_distance, bool(bidirectional)
+        table, num_buckets, max_distance, bidirectional
     )
 
 
@@ -262,6 +268,11 @@ def relative_position_bucket(
         >>> print(keras.ops.convert_to_numpy(buckets))
         [3 2 1 0 5 6 7]
     """
+    where = "relative_position_bucket"
+    num_buckets = positive_int(where, "num_buckets", num_buckets)
+    max_distance = positive_int(where, "max_distance", max_distance)
+    bidirectional = flag(where, "bidirectional", bidirectional)
+    check_buckets(where, num_buckets, max_distance, bidirectional)
     relative_position = ops.cast(relative_position, "int32")
     bucket = ops.zeros_like(relative_position)
     distance = -relative_position  # T5's `n`: positive for earlier keys

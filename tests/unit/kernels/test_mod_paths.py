@@ -7,6 +7,8 @@ The blockwise path runs in blocks of 3 over 8 queries and 10 keys, so
 that every kind of block pair (empty, partial, full, padded) occurs.
 """
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -769,18 +771,87 @@ def test_a_block_mask_sets_the_block_size_of_the_call():
         )
         if mod is causal_function:
             np.testing.assert_array_equal(ops.convert_to_numpy(emptied), 0.0)
+            # explain() reads the same map, at the same block size.
+            blocks = np.tril(np.ones((-(-T // size), -(-S // size))))
+            assert (
+                f"read from its block mask of {size}-row blocks: "
+                f"{int(blocks.sum())} of {blocks.size} block pairs visited"
+            ) in report.structure
+
+
+ALL_PATHS = ("reference", "chunked", "fused", "flex")
 
 
 @pytest.mark.parametrize(
     "mod, message",
     [
         (lambda b, h, q, k: None, "dtype NoneType"),
-        (mods.document(QUERY_IDS[:1]), "a row for each of the 2 rows"),
-        (mods.prefix_lm(PREFIX[:1]), "a row for each of the 2 rows"),
+        # Data for other rows or lengths: a ValueError before any path
+        # (else one backend clamps the gather and answers silently).
+        (mods.document(QUERY_IDS[:1]), "Received: segment_ids.shape=(1, 8)"),
+        (mods.document(QUERY_IDS[:, :6]), "shape (B, T) = (2, 8)"),
+        (
+            mods.and_masks(mods.causal(), mods.document(np.ones((2, 9), int))),
+            "Received: segment_ids.shape=(2, 9)",
+        ),
+        (mods.prefix_lm(PREFIX[:1]), "shape (B,) = (2,)"),
+        (mods.prefix_lm(np.array([1, 2, 3])), "prefix_lengths.shape=(3,)"),
+        # Mods of the wrong kind or arity.
+        (mods.alibi(4), "`mask_mod` is called as `mask_mod(batch, head,"),
+        (lambda b, h, q: q > 0, "cannot take those arguments"),
     ],
 )
-def test_mods_that_do_not_fit_the_call_raise(mod, message):
+@pytest.mark.parametrize("path", ALL_PATHS)
+def test_mods_that_do_not_fit_the_call_raise(mod, message, path):
     q, k, v, _ = inputs("gqa")
     k, v = k[:, :T], v[:, :T]
-    with pytest.raises(ValueError, match=message):
+    with (
+        path_context(path),
+        pytest.raises(ValueError, match=re.escape(message)),
+    ):
         F.scaled_dot_product_attention(q, k, v, mask_mod=mod)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ("chunked", *(("flex",) if keras.backend.backend() == "torch" else ())),
+)
+def test_a_mod_of_the_whole_grid_is_refused_where_blocks_run(path):
+    """A mod that adds a `(T, S)` tensor computes on the whole grid only:
+    on a block of it the library names the mod, not a backend's
+    broadcasting error."""
+    q, k, v, _ = inputs("gqa")
+    whole = np.zeros((T, S), "float32")
+    with (
+        path_context(path),
+        pytest.raises(ValueError, match="must compute elementwise"),
+    ):
+        F.scaled_dot_product_attention(
+            q, k, v, score_mod=lambda s, b, h, qi, ki: s + whole
+        )
+
+
+def test_tensors_a_mod_reads_through_a_global_container_get_gradients():
+    """A score mod that reads its tensor from a module-level dict, set
+    inside the differentiated function: the blockwise path finds it there
+    and gives the reference's gradient."""
+    q, k, v, _ = inputs("gqa")
+
+    def run(scale):
+        GLOBAL_SCALES["scale"] = scale
+        return F.scaled_dot_product_attention(q, k, v, score_mod=_global_mod)
+
+    scale = np.array(0.7, "float32")
+    grads = {}
+    for path in ("reference", "chunked"):
+        with path_context(path):
+            _, (grads[path],), _ = value_and_grads(run, (scale,))
+    assert abs(float(grads["reference"])) > 1e-3
+    np.testing.assert_allclose(grads["chunked"], grads["reference"], rtol=1e-4)
+
+
+GLOBAL_SCALES = {}
+
+
+def _global_mod(score, batch, head, q_idx, kv_idx):
+    return score * GLOBAL_SCALES["scale"]

@@ -202,3 +202,28 @@ def test_a_bias_shared_by_layers_stays_shared_when_saved(tmp_path):
     np.testing.assert_allclose(
         to_numpy(loaded(data)), to_numpy(model(data)), atol=1e-5
     )
+
+
+def test_cross_attention_steps_see_query_positions():
+    """Cached cross-attention, one query at a time with `start_index`:
+    a mod of the query's position gives the full call's outputs."""
+    x = rng(3).normal(size=(B, T, D)).astype("float32")
+    source = rng(4).normal(size=(B, 5, D)).astype("float32")
+    layer = ka.CrossAttention(N)
+
+    def mod(batch, head, q_idx, kv_idx):
+        return kv_idx <= q_idx // 2  # query 0 sees one key, query 6 four
+
+    full = to_numpy(layer(x, source, mask_mod=mod))
+    cache = layer.compute_cache(source)
+    steps = [
+        to_numpy(
+            layer(
+                x[:, t : t + 1], None, cache=cache, mask_mod=mod, start_index=t
+            )  # fmt: skip
+        )
+        for t in range(T)
+    ]
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+    with pytest.raises(ValueError, match="start_index=-1"):
+        layer(x, source, start_index=-1)

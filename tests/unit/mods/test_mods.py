@@ -234,7 +234,38 @@ def test_static_mask_mods_round_trip_their_config(mod):
             ),
             "must exceed the 8 exact ones",
         ),
+        (lambda: mods.prefix_lm(None), "Received: prefix_lengths=None"),
+        (lambda: mods.prefix_lm([-1, 2]), "must not be negative"),
+        (lambda: mods.document(None), "Received: segment_ids=None"),
+        (
+            lambda: mods.relative_position_bias([[0.0, 0.0]] * 32),
+            "dtype=list",
+        ),
+        (
+            lambda: mods.relative_position_bias(
+                np.zeros((32, 2), "float32"), bidirectional="no"
+            ),
+            "`bidirectional` must be True or False",
+        ),
+        (
+            lambda: mods.relative_position_bucket(np.arange(3), 2, 5),
+            "relative_position_bucket: `num_buckets` must leave",
+        ),
+        (
+            lambda: mods.relative_position_bucket(np.arange(3), 8, 0),
+            "relative_position_bucket: `max_distance` must be a positive",
+        ),
         (lambda: mods.block_mask("causal", 1, 1, 4, 4), "block_mask"),
+        (
+            lambda: mods.block_mask(mods.causal(), 1, 1, 4, 4, block_size=0),
+            "block_mask: `block_size` must be a positive int",
+        ),
+        (
+            lambda: mods.block_mask(
+                mods.document(np.ones((2, 5), "int32")), 2, 1, 4, 4
+            ),
+            "block_mask: `mask_mod` document needs `segment_ids`",
+        ),
         (
             lambda: mods.block_mask(mods.causal(), 1, 1, 0, 4),
             "block_mask: `query_length`",
