@@ -280,8 +280,8 @@ class Bound:
             raise ValueError(
                 f"A mod reads the trainable Keras variables {names}, which "
                 "it holds where they cannot be found (for instance through "
-                "a helper function): on the blockwise path they would get "
-                "no gradient. Close over them, pass them as default "
+                "a class or a module attribute): on the blockwise path they "
+                "would get no gradient. Close over them, pass them as default "
                 "arguments or attributes, or use a Keras layer as the mod. "
                 f"Received: {self.mod!r}"
             )

@@ -250,6 +250,32 @@ def test_mask_mods_combine_with_the_structure_arguments(name, structure):
     check(cases, (q, k, v), np_visible(spec, q, mask, **structure))
 
 
+WIDE_WINDOWS = {  # a window over more than one block: (mask mod, structure)
+    "window (4, 0)": (None, {"sliding_window": (4, 0)}),
+    "mod window (4, 0)": (mods.sliding_window((4, 0)), {}),
+    "causal window 5": (None, {"is_causal": True, "sliding_window": 5}),
+}
+
+
+@pytest.mark.parametrize("name", list(WIDE_WINDOWS))
+def test_windows_wider_than_a_block_equal_float64_reference(name):
+    """A window of 5 keys over blocks of 3: a key block is seen whole by
+    some query blocks and in part by others, in the backward pass as in
+    the forward one (outputs and q, k, v gradients)."""
+    q, k, v, mask = inputs("gqa")
+    mod, structure = WIDE_WINDOWS[name]
+    cases = [
+        (
+            f"{name} {path}",
+            "float32",
+            attention(path, "float32", mask, mod, **structure),
+        )
+        for path in ("reference", "chunked")
+    ]
+    spec = None if mod is None else ("sliding_window", (4, 0))
+    check(cases, (q, k, v), np_visible(spec, q, mask, **structure))
+
+
 BUILT_IN = {  # name: (the mods, the arguments they are)
     "causal": ({"mask_mod": mods.causal()}, {"is_causal": True}),
     "window": (
@@ -551,19 +577,24 @@ def test_flex_outputs_equal_float64_reference(case):
 _HIDDEN_SCALE = []
 
 
-def _hidden_scale():
-    return _HIDDEN_SCALE[0]
+class _Hidden:
+    """Holds a helper where a mod's holdings are not searched (a class)."""
+
+    @staticmethod
+    def scale():
+        return _HIDDEN_SCALE[0]
 
 
 def test_a_variable_a_mod_reads_unseen_is_refused_on_the_blockwise_path():
-    """A score mod that reads a trainable variable through a helper
-    function: the reference path differentiates it as it runs; the
-    blockwise path, which must hold it to differentiate it, refuses."""
+    """A score mod that reads a trainable variable through a class's
+    static method: the reference path differentiates it as it runs; the
+    blockwise path, which must hold it to differentiate it and cannot
+    find it there, refuses rather than drop its gradient."""
     _HIDDEN_SCALE[:] = [keras.Variable(2.0, name="hidden_scale")]
     q, k, v, mask = inputs("gqa")
 
     def mod(score, batch, head, q_idx, kv_idx):
-        return score * _hidden_scale()
+        return score * _Hidden.scale()
 
     with path_context("reference"):
         F.scaled_dot_product_attention(q, k, v, score_mod=mod)
@@ -639,6 +670,27 @@ def test_bad_score_mods_raise(mod, message):
             F.scaled_dot_product_attention(q, k, v, score_mod=mod)
 
 
+@pytest.mark.parametrize("name", ["alibi", "relative_position_bias"])
+def test_score_mods_for_another_head_count_raise(name):
+    """ALiBi's slopes and T5's table are per head: made for 3 heads and
+    given 4 (a gather past the end, which some backends clamp silently),
+    they raise a ValueError that names them."""
+    q, k, v, _ = inputs("gqa")
+    mod = (
+        mods.alibi(3)
+        if name == "alibi"
+        else relative_bias(np.zeros((8, 3), "float32"))
+    )
+    what = "num_heads" if name == "alibi" else "table"
+    message = f"{name}: `{what}` is for 3 heads; the attention has 4"
+    for path in ("reference", "chunked"):
+        with (
+            path_context(path),
+            pytest.raises(ValueError, match=re.escape(message)),
+        ):
+            F.scaled_dot_product_attention(q, k, v, score_mod=mod)
+
+
 def test_explain_counts_the_block_pairs_a_mask_mod_leaves():
     """`explain` evaluates the mask mod into the blockwise path's map:
     causal attention over 12 positions in blocks of 3 visits the 4
@@ -662,6 +714,30 @@ def test_explain_counts_the_block_pairs_a_mask_mod_leaves():
     report = layer.explain(8, mask_mod=per_head)
     assert "mask mod function per_head evaluated" in report.structure
     assert "RelativePositionBias (layer 'bias')" in report.structure
+
+
+def test_visited_fraction_counts_partial_blocks():
+    """The dispatch's fraction of visited block pairs for a mask mod
+    function it evaluates: a window of 2 keys over 12 positions in blocks
+    of 3 leaves only partial blocks (the diagonal and the one below it),
+    and every one of them is visited, as NumPy counts them."""
+    from keras_attention._core import Structure
+    from keras_attention._kernels.blockwise import plan
+
+    length, block = 12, SMALL_CHUNK
+
+    def window(batch, head, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (kv_idx > q_idx - 2)
+
+    q = ops.zeros((B, length, 4, 4))
+    structure = Structure.of_call("test", q, q, mask_mod=window)
+    fraction = plan.visited_fraction(structure, B, 4, length, length, block)
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    visible = (j <= i) & (j > i - 2)  # (T, S)
+    pairs = visible.reshape(length // block, block, length // block, block)
+    want = pairs.any(axis=(1, 3)).mean()  # 7 of 16
+    assert not pairs.all(axis=(1, 3)).any()  # no full block
+    np.testing.assert_allclose(ops.convert_to_numpy(fraction), want)
 
 
 def ka_layer():
@@ -733,11 +809,17 @@ def test_a_score_mod_takes_the_blockwise_path_on_long_sequences(offset):
 
 def test_a_block_mask_is_read_only_where_its_sizes_fit():
     """A map of the call's sizes is read (a map emptied by hand gives
-    zeros); one of other sizes is not (the mod itself decides)."""
+    zeros); one of other sizes is not (the mod itself decides): of
+    another batch size, or of blocks of 5 where the call is forced to
+    blocks of 3."""
     q, k, v, _ = inputs("gqa")
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    for batch, expect_zeros in ((B, True), (1, False)):
-        mask = mods.block_mask(causal_function, batch, 4, T, S, SMALL_CHUNK)
+    for batch, block, expect_zeros in (
+        (B, SMALL_CHUNK, True),
+        (1, SMALL_CHUNK, False),
+        (B, 5, False),
+    ):
+        mask = mods.block_mask(causal_function, batch, 4, T, S, block)
         mask.blocks = ops.zeros_like(mask.blocks)  # every pair "empty"
         with path_context("chunked"):
             got = F.scaled_dot_product_attention(q, k, v, mask_mod=mask)
@@ -855,3 +937,50 @@ GLOBAL_SCALES = {}
 
 def _global_mod(score, batch, head, q_idx, kv_idx):
     return score * GLOBAL_SCALES["scale"]
+
+
+_GLOBAL_SCALE = None  # a trainable variable, set by the test below
+
+
+def _default_mod(scale):
+    def mod(score, batch, head, q_idx, kv_idx, scale=scale):
+        return score * scale
+
+    return mod
+
+
+def _global_variable_mod(score, batch, head, q_idx, kv_idx):
+    return score * _GLOBAL_SCALE
+
+
+@pytest.mark.parametrize("held", ["default argument", "global"])
+def test_variables_a_mod_holds_by_default_or_global_get_gradients(held):
+    """A score mod that reads a trainable Keras variable from its default
+    argument or from a module-level global: the blockwise path finds it
+    and gives the reference path's gradient of it (and of q, k, v)."""
+    global _GLOBAL_SCALE
+    scale = keras.Variable(np.float32(0.7), name="held_scale")
+    _GLOBAL_SCALE = scale
+    mod = _global_variable_mod if held == "global" else _default_mod(scale)
+    q, k, v, mask = inputs("gqa")
+    results = {
+        path: run_cases(
+            [(path, attention(path, "float32", mask, None, lambda: mod))],
+            (q, k, v),
+            [scale],
+        )
+        for path in ("reference", "chunked")
+    }
+    (want, want_grads, [want_scale], _) = results["reference"]
+    (got, got_grads, [got_scale], _) = results["chunked"]
+    assert abs(float(want_scale)) > 1e-3
+    np.testing.assert_allclose(got_scale, want_scale, rtol=1e-4, atol=1e-6)
+    assert_close(
+        f"variable by {held}",
+        "float32",
+        got,
+        got_grads,
+        want,
+        want_grads,
+        ["q", "k", "v"],
+    )

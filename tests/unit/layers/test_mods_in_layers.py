@@ -152,6 +152,29 @@ def test_a_block_mask_serves_layers_and_steps():
     np.testing.assert_allclose(np.concatenate(steps, 1), causal_full, atol=1e-5)
 
 
+def test_a_block_mask_of_a_cached_step_is_not_read_at_other_positions():
+    """A step of 3 tokens at `cache_index=3` over a cache of 7 slots, on
+    the blockwise path in blocks of 3, given a `block_mask` of exactly
+    those sizes: its map was made at positions 0-2, the step's queries
+    stand at 3-5, so the mod decides (not the map), and the step gives the
+    plain mod's outputs."""
+    keras.utils.set_random_seed(0)
+    layer = ka.MultiHeadSelfAttention(N)
+    layer.build((B, T, D))
+    x = rng(5).standard_normal((B, T, D)).astype("float32")
+    mask = mods.block_mask(per_position, B, N, 3, T, block_size=3)
+    cache = np.zeros((B, 2, T, N, H), "float32")
+    _, cache = layer(
+        x[:, :3], cache=cache, cache_index=0, mask_mod=per_position
+    )
+    with path_context("chunked"):
+        got, want = (
+            layer(x[:, 3:6], cache=cache, cache_index=3, mask_mod=mod)[0]
+            for mod in (mask, per_position)
+        )
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5)
+
+
 def test_prefix_lm_in_a_decoder_block():
     """A prefix-LM decoder: `prefix_lm` alone (without the causal flag)
     equals the explicit `(B, T, T)` attention mask."""
@@ -227,3 +250,28 @@ def test_cross_attention_steps_see_query_positions():
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
     with pytest.raises(ValueError, match="start_index=-1"):
         layer(x, source, start_index=-1)
+
+
+def test_a_unidirectional_bias_round_trips_in_a_layer(tmp_path):
+    """A decoder's bias (`bidirectional=False`: keys after the query share
+    bucket 0) in an attention layer: its config and a `.keras` file give
+    it back with the same buckets, so the same outputs as the layer
+    saved."""
+    bias = ka.RelativePositionBias(
+        num_buckets=8, max_distance=16, bidirectional=False
+    )
+    inputs = keras.Input((T, D))
+    model = keras.Model(
+        inputs, ka.MultiHeadSelfAttention(N, score_mod=bias)(inputs)
+    )
+    bias.table.assign(rng(6).normal(size=(8, N)).astype("float32"))
+    data = rng(7).normal(size=(B, T, D)).astype("float32")
+    want = to_numpy(model(data))
+    layer = model.layers[-1]
+    again = ka.MultiHeadSelfAttention.from_config(layer.get_config())
+    again.build((B, T, D))
+    again.set_weights(layer.get_weights())
+    model.save(tmp_path / "bias.keras")
+    loaded = keras.saving.load_model(tmp_path / "bias.keras")
+    for got in (again(data), loaded(data)):
+        np.testing.assert_allclose(to_numpy(got), want, atol=1e-6)

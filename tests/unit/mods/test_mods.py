@@ -184,6 +184,22 @@ def test_block_mask_of_a_mod_of_batch_and_head():
     assert (want == 1).any()  # the map has partial blocks to check
 
 
+def reach_ahead(batch, head, q_idx, kv_idx):
+    """Full blocks in the padded last row and column of blocks too."""
+    return kv_idx <= q_idx + 3
+
+
+@pytest.mark.parametrize("block", [2, 4])
+def test_block_mask_of_a_function_has_full_padded_edge_blocks(block):
+    """9 queries and 11 keys in blocks of 2 or 4: the last row and
+    column of blocks are padded, and a block there is full where every
+    real position in it is visible (the padding is hidden anyway)."""
+    mask = mods.block_mask(reach_ahead, B, N, T, S, block_size=block)
+    want = np_blocks(evaluate(reach_ahead), block)
+    assert (want[-1] == 2).any() and (want[:, -1] == 2).any()
+    np.testing.assert_array_equal(ops.convert_to_numpy(mask.blocks), want)
+
+
 @pytest.mark.parametrize(
     "mod",
     [
@@ -219,6 +235,8 @@ def test_static_mask_mods_round_trip_their_config(mod):
         (lambda: mods.and_masks(), "and_masks: expects one or more"),
         (lambda: mods.or_masks(1), "or_masks: expects one or more"),
         (lambda: mods.soft_cap(-1.0), "soft_cap: `cap` must be"),
+        (lambda: mods.soft_cap(float("inf")), "soft_cap: `cap` must be"),
+        (lambda: mods.soft_cap(float("nan")), "soft_cap: `cap` must be"),
         (lambda: mods.alibi(0), "alibi: `num_heads`"),
         (
             lambda: mods.relative_position_bias(np.zeros((4, 2)), 8),
