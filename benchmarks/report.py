@@ -663,9 +663,10 @@ def relative_bias_section():
         "`TransformerEncoderBlock(normalize_first=True, use_bias=False, "
         "use_rms_norm=True, score_mod=RelativePositionBias())` against "
         "keras-hub's `T5TransformerLayer`, which adds the `(1, N, T, T)` "
-        "bias to dense logits. Given the same weights, the two layers "
-        "compute the same outputs; *path* is the one `explain()` names "
-        "for ours.",
+        "bias to dense logits. Given keras-hub's weights (its query "
+        "kernel times $\\sqrt{H}$, as T5 leaves its logits unscaled), "
+        "ours computes keras-hub's outputs; *path* is the one `explain()` "
+        "names for ours.",
         "",
         "| backend | T | path | ours (ms) | keras-hub T5 (ms) | speed-up |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -8,27 +8,19 @@ scaled logits. Both are called with int32 index tensors that broadcast to
 block of `R` query rows and `C` keys on the blockwise path (absolute
 indices, so a mod cannot tell the difference).
 
-The blockwise path differentiates through its own backward pass, which
-only sees its explicit inputs. `bind` therefore finds the tensors and
-Keras variables a mod holds (through its closure, default arguments, the
-globals it names, `functools.partial` arguments and the attributes of an
-object or a Keras layer) and returns the mod as a function of them: its
-floating tensors are differentiated like the query, key and value.
+How a mod's tensors are found for the blockwise path's backward pass
+is `binding`.
 
 Shape legend: B batch, N heads, T query length, S key length, R query
 rows and C keys of a block.
 """
 
-import copy
 import functools
 import inspect
-import types
 
 import keras
-import numpy as np
 from keras import ops
 
-from keras_attention._core.checks import is_tensor
 from keras_attention._core.checks import static_dim
 
 # What each kind of mod is called with.
@@ -58,11 +50,28 @@ def check_mod(where, name, mod):
 
 def _takes(fn, count):
     """Whether `fn` can be called with `count` positional arguments (true
-    where its signature cannot be read)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
+    where its signature cannot be read, and for Keras layers, which take
+    `*args`). This library's mods are read once per class."""
+    if isinstance(fn, keras.Layer):
+        return True
+    if type(fn).__module__.startswith("keras_attention."):
+        return _class_takes(type(fn), count)
+    try:  # a wrapper's own signature, not the one it wraps
+        signature = inspect.signature(fn, follow_wrapped=False)
     except (TypeError, ValueError):
         return True
+    return _parameters_take(signature.parameters.values(), count)
+
+
+@functools.cache
+def _class_takes(cls, count):
+    """`_takes` for the instances of `cls` (its `__call__` less `self`)."""
+    parameters = list(inspect.signature(cls.__call__).parameters.values())
+    return _parameters_take(parameters[1:], count)
+
+
+def _parameters_take(parameters, count):
+    parameters = list(parameters)
     kinds = inspect.Parameter
     if any(p.kind is kinds.VAR_POSITIONAL for p in parameters):
         most = count
@@ -83,15 +92,20 @@ def _takes(fn, count):
     return least <= count <= most and not keyword_only
 
 
-def check_mod_sizes(where, mask_mod, batch, query_length, key_length):
+def check_mod_sizes(
+    where, mask_mod, batch, query_length, key_length, positioned=(False, False)
+):
     """Mask mods that hold data per batch row and position (document ids,
     prefix lengths) must hold it for a call of `batch` rows, `T =
     query_length` queries and `S = key_length` keys (ints, or `None` or
     tensors where unknown): else they would read another row's data, or
     past the end, which some backends clamp silently. Such a mod says so
     in a `check_sizes(where, batch, query_length, key_length)` method.
-    At sequence positions (a cached step) its positions run past the
-    call's lengths, so only the batch is checked there."""
+
+    At sequence positions (a cached step: `positioned` for the queries
+    and the keys, or a mod wrapped in `Positioned`) a mod indexes data of
+    the whole sequence, past the call's lengths (a rolling cache holds
+    fewer keys than the sequence has), so only the batch is checked."""
     sizes = [
         d if isinstance(d, int) else None
         for d in (batch, query_length, key_length)
@@ -99,17 +113,20 @@ def check_mod_sizes(where, mask_mod, batch, query_length, key_length):
 
     def visit(mod, positioned):
         if isinstance(mod, Positioned):
-            visit(mod.mod, True)
+            visit(mod.mod, (True, True))
         elif isinstance(mod, Combined):
             for part in mod.mods:
                 visit(part, positioned)
         elif isinstance(mod, BlockTable):
             visit(mod.mask_mod, positioned)
         elif hasattr(mod, "check_sizes"):
-            lengths = [None, None] if positioned else sizes[1:]
+            lengths = [
+                None if moved else size
+                for moved, size in zip(positioned, sizes[1:], strict=True)
+            ]
             mod.check_sizes(where, sizes[0], *lengths)
 
-    visit(mask_mod, False)
+    visit(mask_mod, tuple(positioned))
 
 
 def serialize_mod(mod):
@@ -122,28 +139,20 @@ def serialize_mod(mod):
     second and later configs: the first, which a layer's `get_config`
     returns before Keras copies it, would lose the mark, and the loaded
     model would hold two tables where there was one (and fail to load the
-    second). While Keras writes a file, the layer's config therefore
+    second). While Keras saves a file, the layer's config therefore
     always carries its identity; when the file is loaded, every config
     with that identity is the same layer again. Outside (`get_config`
-    called directly) the config is plain, so that it round-trips.
+    called directly, `keras.models.clone_model`) the config is plain, so
+    that it round-trips; a clone holds a copy of the layer per layer.
     """
+    from keras_attention._kernels import runtime  # imports this module
+
     if mod is None:
         return None
     config = keras.saving.serialize_keras_object(mod)
-    if isinstance(mod, keras.layers.Layer) and _sharing_objects():
+    if isinstance(mod, keras.layers.Layer) and runtime.sharing_objects():
         config["shared_object_id"] = id(mod)
     return config
-
-
-def _sharing_objects():
-    """Whether Keras is serializing inside its object-sharing scope (as it
-    does to save or clone a model)."""
-    from keras.src.backend.common import global_state
-
-    return (
-        global_state.get_global_attribute("shared_objects/id_to_config_map")
-        is not None
-    )
 
 
 def grid(batch, heads, rows, cols):
@@ -164,7 +173,7 @@ def visible(where, mask_mod, indices):
     if isinstance(result, bool):
         result = ops.convert_to_tensor(result)
     expected = _grid_shape(indices)
-    dtype = _dtype(result)
+    dtype = dtype_name(result)
     if dtype != "bool" or not _broadcasts(_shape(result), expected):
         raise ValueError(
             f"{where}: `mask_mod` must return booleans that broadcast to "
@@ -180,7 +189,7 @@ def modified(where, score_mod, scores, indices):
     """`score_mod(scores, *indices)`, checked: new logits of the scores'
     shape, in their dtype."""
     result = _call(where, "score_mod", score_mod, (scores, *indices), indices)
-    shape, dtype = _shape(result), _dtype(result)
+    shape, dtype = _shape(result), dtype_name(result)
     if "float" not in dtype or not _same(shape, _shape(scores)):
         raise ValueError(
             f"{where}: `score_mod` must return float logits of the scores' "
@@ -197,11 +206,9 @@ def _call(where, name, mod, args, indices):
     `ValueError` that says what the mod was given."""
     try:
         return mod(*args)
-    except ValueError as error:
-        if "Received:" in str(error):
-            raise  # the library's own, naming its argument
-        failure = error
-    except Exception as error:  # a backend's own error type
+    except Exception as error:  # a backend's own error type among them
+        if not _relabelled(error):
+            raise
         failure = error
     raise ValueError(
         f"{where}: `{name}` failed on index tensors that broadcast to "
@@ -210,6 +217,23 @@ def _call(where, name, mod, args, indices):
         "(B, N, T, S) grid at a time. Received: "
         f"{type(failure).__name__}: {failure}"
     ) from failure
+
+
+def _relabelled(error):
+    """Whether an error a mod raised gets the library's explanation: not
+    the library's own (they name their argument), not memory running out
+    (which code may catch to retry), not JAX refusing Python control flow
+    on a traced value (its own message explains that)."""
+    name, text = type(error).__name__, str(error)
+    out_of_memory = (
+        isinstance(error, MemoryError)
+        or any(word in name for word in ("ResourceExhausted", "OutOfMemory"))
+        or "RESOURCE_EXHAUSTED" in text
+        or "out of memory" in text.lower()
+    )
+    traced = "Tracer" in name or "Concretization" in name
+    own = isinstance(error, ValueError) and "Received:" in text
+    return not (out_of_memory or traced or own)
 
 
 class BlockTable:
@@ -233,228 +257,6 @@ class BlockTable:
         )
 
 
-class Bound:
-    """A mod as a function of the tensors it holds.
-
-    Attributes:
-        held: list. The tensors the mod holds, its Keras variables' values
-            first, in a fixed order.
-        floating: list of bool. Which of them are floating (the ones it is
-            differentiated by).
-    """
-
-    def __init__(self, mod):
-        self.mod = mod
-        self.variables, self._tensors = _reachable(mod)
-        # A read of each variable (on TensorFlow, converting a variable
-        # gives the variable itself, which a custom gradient refuses).
-        values = [ops.copy(v) for v in self.variables]
-        self.held = values + self._tensors
-        self.floating = ["float" in _dtype(x) for x in self.held]
-
-    def split(self, held):
-        """`(floating, others)`: `held` in two lists."""
-        pairs = list(zip(held, self.floating, strict=True))
-        return [x for x, f in pairs if f], [x for x, f in pairs if not f]
-
-    def join(self, floating, others):
-        """The inverse of `split`."""
-        floating, others = list(floating), list(others)
-        return [floating.pop(0) if f else others.pop(0) for f in self.floating]
-
-    def __call__(self, held, *args):
-        """The mod on `args`, with the tensors `held` (as `self.held`) in
-        place of its own."""
-        count = len(self.variables)
-        mapping = list(zip(self.variables, held[:count], strict=True))
-        replaced = {
-            id(old): new
-            for old, new in zip(self._tensors, held[count:], strict=True)
-            if new is not old
-        }
-        mod = _substitute(self.mod, replaced, {}) if replaced else self.mod
-        with _Reads(mapping) as reads:
-            result = mod(*args)
-        if reads.missed:
-            names = ", ".join(sorted({v.path for v in reads.missed}))
-            raise ValueError(
-                f"A mod reads the trainable Keras variables {names}, which "
-                "it holds where they cannot be found (for instance through "
-                "a class or a module attribute): on the blockwise path they "
-                "would get no gradient. Close over them, pass them as default "
-                "arguments or attributes, or use a Keras layer as the mod. "
-                f"Received: {self.mod!r}"
-            )
-        return result
-
-
-class _Reads(keras.StatelessScope):
-    """A stateless scope with the values of the variables a mod holds,
-    which notes the trainable variables read that it has no value for."""
-
-    def __init__(self, mapping):
-        super().__init__(state_mapping=mapping)
-        self.missed = []
-
-    def get_current_value(self, variable):
-        value = super().get_current_value(variable)
-        if value is None and variable.trainable:
-            self.missed.append(variable)
-        return value
-
-
-def with_tensors(mod):
-    """`mod` holding each NumPy array it holds as a backend tensor (a
-    compiler that traces the mod, as PyTorch's does for FlexAttention,
-    reads no NumPy arrays); `mod` itself where it holds none."""
-    arrays = [] if mod is None else _reachable(mod, arrays=True)[1]
-    if not arrays:
-        return mod
-    replaced = {id(x): ops.convert_to_tensor(x) for x in arrays}
-    return _substitute(mod, replaced, {})
-
-
-def _reachable(mod, arrays=False):
-    """`(variables, tensors)`: the Keras variables and the tensors `mod`
-    holds (with `arrays`, its NumPy arrays instead of its tensors), each
-    once, in the order they are found."""
-    variables, tensors, seen = {}, {}, set()
-
-    def visit(obj, depth=0):
-        if id(obj) in seen or depth > 16 or obj is None:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, keras.Variable):
-            variables[id(obj)] = obj
-        elif isinstance(obj, np.ndarray) if arrays else is_tensor(obj):
-            tensors[id(obj)] = obj
-        elif isinstance(obj, keras.Layer):
-            for variable in obj.variables:
-                visit(variable, depth + 1)
-        else:
-            for child in _children(obj):
-                visit(child, depth + 1)
-
-    visit(mod)
-    return list(variables.values()), list(tensors.values())
-
-
-def _children(obj):
-    """What a mod can hold tensors in: containers, a function's closure,
-    defaults and the globals it names, a partial's arguments, a bound
-    method's object, an object's attributes."""
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return list(obj)
-    if isinstance(obj, dict):
-        return list(obj.values())
-    if isinstance(obj, functools.partial):
-        return [obj.func, *obj.args, *obj.keywords.values()]
-    if isinstance(obj, types.MethodType):
-        return [obj.__func__, obj.__self__]
-    if isinstance(obj, types.FunctionType):
-        cells = [cell.cell_contents for cell in obj.__closure__ or ()]
-        named = [
-            obj.__globals__[name]
-            for name in obj.__code__.co_names
-            if name in obj.__globals__ and _may_hold(obj.__globals__[name])
-        ]
-        defaults = list(obj.__defaults__ or ())
-        return (
-            cells
-            + defaults
-            + list((obj.__kwdefaults__ or {}).values())
-            + (named)
-        )
-    if isinstance(obj, (type, types.ModuleType, str, bytes, int, float)):
-        return []
-    return list(getattr(obj, "__dict__", {}).values())
-
-
-def _may_hold(value):
-    """Whether a global a function names may hold what a mod reads: a
-    tensor or variable, a container, or another function (a helper)."""
-    return is_tensor(value) or isinstance(
-        value,
-        (
-            keras.Variable,
-            list,
-            tuple,
-            dict,
-            types.FunctionType,
-            functools.partial,
-        ),
-    )
-
-
-def _substitute(obj, replaced, memo):
-    """A copy of `obj` holding `replaced[id(t)]` wherever it held tensor
-    `t` (objects that hold none of them are returned as they are)."""
-    if id(obj) in memo:
-        return memo[id(obj)]
-    memo[id(obj)] = obj  # cycles end here
-    if id(obj) in replaced:
-        result = replaced[id(obj)]
-    elif isinstance(obj, (list, tuple)):
-        items = [_substitute(x, replaced, memo) for x in obj]
-        changed = any(a is not b for a, b in zip(items, obj, strict=True))
-        result = type(obj)(items) if changed else obj
-    elif isinstance(obj, dict):
-        result = {k: _substitute(v, replaced, memo) for k, v in obj.items()}
-        if all(result[k] is v for k, v in obj.items()):
-            result = obj
-    elif isinstance(obj, functools.partial):
-        result = functools.partial(
-            _substitute(obj.func, replaced, memo),
-            *_substitute(list(obj.args), replaced, memo),
-            **_substitute(dict(obj.keywords), replaced, memo),
-        )
-    elif isinstance(obj, types.MethodType):
-        result = types.MethodType(
-            _substitute(obj.__func__, replaced, memo),
-            _substitute(obj.__self__, replaced, memo),
-        )
-    elif isinstance(obj, types.FunctionType):
-        result = _substitute_function(obj, replaced, memo)
-    elif isinstance(obj, keras.Layer) or not hasattr(obj, "__dict__"):
-        result = obj  # a layer's variables are mapped, not replaced
-    elif isinstance(obj, (type, types.ModuleType)):
-        result = obj
-    else:
-        attributes = {
-            k: _substitute(v, replaced, memo) for k, v in vars(obj).items()
-        }
-        result = obj
-        if any(attributes[k] is not v for k, v in vars(obj).items()):
-            result = copy.copy(obj)
-            vars(result).update(attributes)
-    memo[id(obj)] = result
-    return result
-
-
-def _substitute_function(fn, replaced, memo):
-    cells = tuple(
-        types.CellType(_substitute(cell.cell_contents, replaced, memo))
-        for cell in fn.__closure__ or ()
-    )
-    named = {}
-    for name in fn.__code__.co_names:
-        value = fn.__globals__.get(name)
-        if name in fn.__globals__ and _may_hold(value):
-            new = _substitute(value, replaced, memo)
-            if new is not value:
-                named[name] = new
-    scope = {**fn.__globals__, **named} if named else fn.__globals__
-    result = types.FunctionType(
-        fn.__code__,
-        scope,
-        fn.__name__,
-        _substitute(fn.__defaults__, replaced, memo),
-        cells or None,
-    )
-    result.__kwdefaults__ = _substitute(fn.__kwdefaults__, replaced, memo)
-    return result
-
-
 def _grid_shape(indices):
     shapes = [_shape(x) for x in indices]
     return tuple(
@@ -467,7 +269,7 @@ def _shape(x):
     return tuple(static_dim(d) for d in getattr(x, "shape", ()))
 
 
-def _dtype(x):
+def dtype_name(x):
     if not hasattr(x, "dtype"):
         return type(x).__name__  # not a tensor: `None`, a number
     return keras.backend.standardize_dtype(x.dtype)

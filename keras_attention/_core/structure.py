@@ -118,6 +118,7 @@ class Structure:
         offset=None,
         mask_mod=None,
         score_mod=None,
+        positioned=(False, False),
     ):
         """Checks the structural arguments of a call with `batch` rows,
         `T = query_length` queries, `S = key_length` keys and `heads`
@@ -129,6 +130,9 @@ class Structure:
         static-size KV cache) and replaces the one `is_causal` implies.
         Built-in mods among `mask_mod` and `score_mod` join the structure
         the arguments make where they mean the same (see `absorb`).
+        `positioned` says whether the mods see the queries and the keys at
+        sequence positions rather than at their indices (a layer's cached
+        step; see `check_mod_sizes`).
 
         Raises:
             ValueError: naming `where`, the argument and what was received.
@@ -144,7 +148,9 @@ class Structure:
         _check_soft_cap(where, logit_soft_cap)
         check_mod(where, "mask_mod", mask_mod)
         check_mod(where, "score_mod", score_mod)
-        check_mod_sizes(where, mask_mod, batch, query_length, key_length)
+        check_mod_sizes(
+            where, mask_mod, batch, query_length, key_length, positioned
+        )
         if offset is None:
             offset = 0
             # Unknown lengths (a symbolic check) leave the offset to the run.

@@ -24,9 +24,9 @@ import warnings
 import keras
 from keras import ops
 
+from keras_attention._core.binding import with_tensors
 from keras_attention._core.builtins import Alibi
 from keras_attention._core.builtins import SoftCap
-from keras_attention._core.mods import with_tensors
 
 MODES = ("compiled", "eager")
 _forced = {"flex": None}  # a mode, or None: not forced

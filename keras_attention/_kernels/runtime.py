@@ -20,6 +20,20 @@ def context_parallel():
     return distribution if isinstance(distribution, ContextParallel) else None
 
 
+def sharing_objects() -> bool:
+    """Whether Keras is serializing inside its object-sharing scope, as it
+    does to save and load `.keras` files (Keras keeps that scope in its
+    global state, which has no public accessor; `False` where it moved)."""
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:
+        return False
+    return (
+        global_state.get_global_attribute("shared_objects/id_to_config_map")
+        is not None
+    )
+
+
 def without_gradients():
     """A context that stops recording gradients (PyTorch's autograd graph;
     nothing to do on JAX and TensorFlow, which record only when asked)."""

@@ -43,8 +43,9 @@ What cannot be converted, and raises a `ValueError` naming the argument:
   asymmetric `sliding_window` (ours): Keras and keras-hub have no such
   arguments. Grouped-query heads with `value_dim != key_dim` (Keras's
   `GroupQueryAttention` has one head dim), and Transformer blocks with
-  grouped-query heads or a `key_dim` other than `D // num_heads`
-  (keras-hub's blocks fix both).
+  grouped-query heads, a `key_dim` other than `D // num_heads`,
+  `use_bias=False` or `use_rms_norm=True` (keras-hub's blocks fix all
+  four).
 
 Kernel and bias regularizers and constraints of a Keras layer do not
 change its outputs; they are dropped with a warning. keras-hub's tanh

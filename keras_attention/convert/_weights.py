@@ -89,7 +89,12 @@ def refuse_structure(where, layer, block=False):
         "use_qk_norm": False,
     }
     if block:
-        unsupported.update(sliding_window=None, num_key_value_heads=None)
+        unsupported.update(
+            sliding_window=None,
+            num_key_value_heads=None,
+            use_bias=True,
+            use_rms_norm=False,
+        )
     for name, default in unsupported.items():
         value = getattr(layer, name, default)  # CrossAttention: no rotary
         if value != default and not (

@@ -170,7 +170,15 @@ class CrossAttention(MultiHeadCore):
             segment_ids=segment_ids,
             mask_mod=mask_mod,
             score_mod=score_mod,
-            starts=(start_index, None),
+            # A cached step's queries stand at sequence positions.
+            starts=(
+                None
+                if cache is None
+                and isinstance(start_index, int)
+                and start_index == 0
+                else start_index,
+                None,
+            ),
         )
         if return_attention_scores:
             return outputs, scores

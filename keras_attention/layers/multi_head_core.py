@@ -169,7 +169,8 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
                 self._where(), "key_length", key_length, "S"
             )
         )
-        batch_size = batch_size or batch or key_batch or 1
+        known_batch = batch_size or batch or key_batch  # None: any batch
+        batch_size = known_batch or 1
         dtype = self.compute_dtype
         query = keras.KerasTensor(
             (batch_size, length, self.num_heads, self._head_dim), dtype
@@ -184,7 +185,7 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         self._check_segments(segment_ids, batch_size, length, key_length)
         structure = Structure.from_args(
             where=self._where(),
-            batch=batch_size,
+            batch=known_batch,
             query_length=length,
             key_length=key_length,
             is_causal=bool(use_causal_mask),
@@ -357,6 +358,8 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             logit_soft_cap=self.logit_soft_cap,
             mask_mod=mods_.positioned(mask_mod, *starts),
             score_mod=mods_.positioned(score_mod, *starts),
+            # A cached step: the mods index the sequence, not the call.
+            positioned=(starts[0] is not None,) * 2,
         )
         if self.dropout > 0 and training:
             scores = _core.reference_weights(

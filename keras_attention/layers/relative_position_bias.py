@@ -6,8 +6,8 @@ Shape legend: B batch, N heads, T query length, S key length.
 import keras
 
 from keras_attention import mods
+from keras_attention.layers import checks
 from keras_attention.mods import scores
-from keras_attention.mods._common import flag
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -80,7 +80,8 @@ class RelativePositionBias(keras.layers.Layer):
                     f"{where}: `{name}` must be an int of at least 2. "
                     f"Received: {name}={value!r}"
                 )
-        bidirectional = flag(where, "bidirectional", bidirectional)
+        checks.check_flag(where, "bidirectional", bidirectional)
+        bidirectional = bool(bidirectional)
         scores.check_buckets(where, num_buckets, max_distance, bidirectional)
         self.num_buckets = num_buckets
         self.max_distance = max_distance

@@ -16,10 +16,10 @@ import numpy as np
 from keras import ops
 
 from keras_attention._core import large_negative
+from keras_attention._core.binding import Bound
 from keras_attention._core.builtins import Band
 from keras_attention._core.builtins import Segments
 from keras_attention._core.mods import BlockTable
-from keras_attention._core.mods import Bound
 from keras_attention._core.mods import Combined
 from keras_attention._kernels.blockwise import blocks
 

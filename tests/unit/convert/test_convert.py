@@ -332,6 +332,11 @@ def test_from_keras_warns_about_regularizers():
             "num_key_value_heads=1",
         ),
         (TransformerEncoderBlock(2, F, key_dim=2), "key_dim=2"),
+        (TransformerEncoderBlock(2, F, use_bias=False), "use_bias=False"),
+        (
+            TransformerDecoderBlock(2, F, use_rms_norm=True),
+            "use_rms_norm=True",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) else type(v).__name__,
 )

@@ -7,6 +7,7 @@ The blockwise path runs in blocks of 3 over 8 queries and 10 keys, so
 that every kind of block pair (empty, partial, full, padded) occurs.
 """
 
+import functools
 import re
 
 import keras
@@ -984,3 +985,39 @@ def test_variables_a_mod_holds_by_default_or_global_get_gradients(held):
         want_grads,
         ["q", "k", "v"],
     )
+
+
+def test_mods_of_any_signature_that_takes_their_arguments_run():
+    """A wrapper (`functools.wraps` keeps the wrapped function's
+    signature on record) and a mod of `*args` are checked by what they
+    take themselves, and give the mod's outputs."""
+    q, k, v, _ = inputs("gqa")
+
+    @functools.wraps(causal_function)
+    def wrapped_score(score, batch, head, q_idx, kv_idx):
+        return ops.where(
+            causal_function(batch, head, q_idx, kv_idx), score, -1e9
+        )
+
+    def any_mask(*indices):
+        return causal_function(*indices)
+
+    want = F.scaled_dot_product_attention(q, k, v, mask_mod=causal_function)
+    for arguments in ({"score_mod": wrapped_score}, {"mask_mod": any_mask}):
+        got = F.scaled_dot_product_attention(q, k, v, **arguments)
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(got), ops.convert_to_numpy(want), atol=1e-5
+        )
+
+
+@pytest.mark.parametrize("path", ("reference", "chunked"))
+def test_a_mod_running_out_of_memory_is_not_relabelled(path):
+    """Memory running out inside a mod reaches the caller as itself (code
+    may catch it to retry with less), not as the library's `ValueError`."""
+    q, k, v, _ = inputs("gqa")
+
+    def mod(batch, head, q_idx, kv_idx):
+        raise MemoryError("out of memory")
+
+    with path_context(path), pytest.raises(MemoryError):
+        F.scaled_dot_product_attention(q, k, v, mask_mod=mod)

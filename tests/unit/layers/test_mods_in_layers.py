@@ -100,7 +100,13 @@ def test_cached_steps_see_sequence_positions(window):
     layer = ka.MultiHeadSelfAttention(N, **arguments)
     layer.build((B, T, D))
     x = rng(1).standard_normal((B, T, D)).astype("float32")
-    call = {"mask_mod": per_position, "score_mod": distance_bias}
+    # Document ids of the whole sequence: each step reads them at its
+    # positions (its own length is 1, the cache's `T` or `window`).
+    documents = mods.document(np.array([[1, 1, 1, 2, 2, 2, 2], [3] * T]))
+    call = {
+        "mask_mod": mods.and_masks(per_position, documents),
+        "score_mod": distance_bias,
+    }
     full = to_numpy(layer(x, use_causal_mask=True, **call))
     if window is None:
         cache = np.zeros((B, 2, T, N, H), "float32")
@@ -275,3 +281,16 @@ def test_a_unidirectional_bias_round_trips_in_a_layer(tmp_path):
     loaded = keras.saving.load_model(tmp_path / "bias.keras")
     for got in (again(data), loaded(data)):
         np.testing.assert_allclose(to_numpy(got), want, atol=1e-6)
+
+
+def test_explain_without_a_batch_size_takes_per_row_mods():
+    """`explain()` with no batch size given explains a call of any batch:
+    a document mod of two rows is not refused for the batch of one it
+    evaluates, and one given the batch size is checked against it."""
+    layer = ka.MultiHeadSelfAttention(N)
+    layer.build((B, T, D))
+    documents = mods.document(np.array([[1, 1, 1, 2, 2, 2, 2], [3] * T]))
+    report = layer.explain(T, mask_mod=documents)
+    assert "document(segment_ids)" in str(report)
+    with pytest.raises(ValueError, match=r"\(B, T\) = \(3, 7\)"):
+        layer.explain(T, mask_mod=documents, batch_size=3)
