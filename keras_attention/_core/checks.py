@@ -76,6 +76,16 @@ def _jax_x64() -> bool:
     return bool(sys.modules["jax"].config.jax_enable_x64)
 
 
+def check_flag(where: str, name: str, value):
+    """A Python (or NumPy) bool: a string or `None` would be read as
+    truth, a silent wrong answer."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(
+            f"{where}: `{name}` must be True or False. "
+            f"Received: {name}={value!r}"
+        )
+
+
 def check_length(where, name, length):
     """A length given as a number (to `structure_mask`) is an int >= 0;
     `None`, tensors and symbolic dims (lengths known when the call runs)

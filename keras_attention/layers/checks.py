@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_attention import _core
 from keras_attention import functional
+from keras_attention._core.checks import check_flag as check_flag
 from keras_attention._kernels import static_dim
 from keras_attention._kernels import static_int
 
@@ -55,16 +56,6 @@ def explain_size(where: str, name: str, value, letter: str):
         f"or a shape (B, {letter}, D) with a known {letter}. "
         f"Received: {name}={received}"
     )
-
-
-def check_flag(where: str, name: str, value):
-    """A Python (or NumPy) bool: a string or `None` would be read as
-    truth, a silent wrong answer."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(
-            f"{where}: `{name}` must be True or False. "
-            f"Received: {name}={value!r}"
-        )
 
 
 def check_head_arguments(

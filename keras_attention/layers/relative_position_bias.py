@@ -6,7 +6,7 @@ Shape legend: B batch, N heads, T query length, S key length.
 import keras
 
 from keras_attention import mods
-from keras_attention.layers import checks
+from keras_attention._core.checks import check_flag
 from keras_attention.mods import scores
 
 
@@ -80,7 +80,7 @@ class RelativePositionBias(keras.layers.Layer):
                     f"{where}: `{name}` must be an int of at least 2. "
                     f"Received: {name}={value!r}"
                 )
-        checks.check_flag(where, "bidirectional", bidirectional)
+        check_flag(where, "bidirectional", bidirectional)
         bidirectional = bool(bidirectional)
         scores.check_buckets(where, num_buckets, max_distance, bidirectional)
         self.num_buckets = num_buckets

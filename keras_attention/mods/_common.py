@@ -90,16 +90,6 @@ def positive_int(where, name, value):
     return int(value)
 
 
-def flag(where, name, value):
-    """A Python or NumPy bool: a string would be read as truth."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(
-            f"{where}: `{name}` must be True or False. "
-            f"Received: {name}={value!r}"
-        )
-    return bool(value)
-
-
 def callables(where, mods):
     if not mods or not all(callable(m) for m in mods):
         raise ValueError(

@@ -11,10 +11,10 @@ from keras import ops
 from keras_attention._core import static_dim
 from keras_attention._core.builtins import Alibi
 from keras_attention._core.builtins import SoftCap
+from keras_attention._core.checks import check_flag
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import check_heads
-from keras_attention.mods._common import flag
 from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
 
@@ -120,7 +120,7 @@ class _RelativePositionBias:
         )
         heads = self.table.shape[1]
         check_heads("relative_position_bias", "table", heads, head)
-        bucket = relative_position_bucket(
+        bucket = _buckets(
             kv_idx - q_idx,
             self.num_buckets,
             self.max_distance,
@@ -206,7 +206,8 @@ def relative_position_bias(
     where = "relative_position_bias"
     num_buckets = positive_int(where, "num_buckets", num_buckets)
     max_distance = positive_int(where, "max_distance", max_distance)
-    bidirectional = flag(where, "bidirectional", bidirectional)
+    check_flag(where, "bidirectional", bidirectional)
+    bidirectional = bool(bidirectional)
     check_buckets(where, num_buckets, max_distance, bidirectional)
     shape = tuple(static_dim(d) for d in getattr(table, "shape", ()))
     dtype = (
@@ -271,8 +272,16 @@ def relative_position_bucket(
     where = "relative_position_bucket"
     num_buckets = positive_int(where, "num_buckets", num_buckets)
     max_distance = positive_int(where, "max_distance", max_distance)
-    bidirectional = flag(where, "bidirectional", bidirectional)
+    check_flag(where, "bidirectional", bidirectional)
     check_buckets(where, num_buckets, max_distance, bidirectional)
+    return _buckets(
+        relative_position, num_buckets, max_distance, bool(bidirectional)
+    )
+
+
+def _buckets(relative_position, num_buckets, max_distance, bidirectional):
+    """`relative_position_bucket` of arguments checked once, where the
+    mod was made (it runs once per block)."""
     relative_position = ops.cast(relative_position, "int32")
     bucket = ops.zeros_like(relative_position)
     distance = -relative_position  # T5's `n`: positive for earlier keys
