@@ -53,6 +53,11 @@ class Bound:
     def __call__(self, held, *args):
         """The mod on `args`, with the tensors `held` (as `self.held`) in
         place of its own."""
+        return self.apply(held, lambda mod: mod(*args))
+
+    def apply(self, held, use):
+        """`use(mod)`, with the tensors `held` (as `self.held`) in place of
+        the mod's own."""
         count = len(self.variables)
         mapping = list(zip(self.variables, held[:count], strict=True))
         replaced = {
@@ -62,7 +67,7 @@ class Bound:
         }
         mod = _substitute(self.mod, replaced, {}) if replaced else self.mod
         with _Reads(mapping) as reads:
-            result = mod(*args)
+            result = use(mod)
         if reads.missed:
             names = ", ".join(sorted({v.path for v in reads.missed}))
             raise ValueError(

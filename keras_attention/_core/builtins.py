@@ -14,6 +14,8 @@ Shape legend: B batch, N heads, T query length, S key length, C block
 rows, R query rows and C keys of a grid.
 """
 
+import inspect
+
 import keras
 import numpy as np
 from keras import ops
@@ -214,6 +216,67 @@ class Alibi:
         distance = ops.abs(rows + self.offset - cols)  # (R, C)
         slopes = ops.convert_to_tensor(self.slopes, "float32")
         return -slopes[:, None, None] * ops.cast(distance, "float32")
+
+
+class RelativeBias:
+    """A score mod that adds a bias depending only on the head and the
+    relative position `kv_idx - q_idx` (T5's relative position bias).
+    Besides its elementwise call, it gives the bias of whole relative
+    positions (`distance_bias`): a block of `R x C` logits holds only
+    `R + C - 1` of them, so the blockwise path computes those and lays
+    them out along the block's diagonals (`relative_block_bias`): the
+    lookup of a bias table runs once per relative position, not once per
+    logit, and so does its gradient's scatter."""
+
+    def distance_bias(self, num_heads, distance):
+        """The bias `(N, D)` of `num_heads` heads at relative positions
+        `distance` `(D,)` (`kv_idx - q_idx`)."""
+        raise NotImplementedError
+
+
+def relative_bias(mod):
+    """`(bias, offset)` where the score mod `mod` is a `RelativeBias`
+    (as it is, positioned, or a Keras layer's `call`) that adds
+    `bias.distance_bias` at relative position `kv_idx - q_idx - offset`;
+    `None` for any other mod. A subclass whose elementwise call is not the
+    one that comes with its `distance_bias` is any other mod."""
+    offset = 0
+    if isinstance(mod, Positioned):
+        mod, offset = mod.mod, mod.offset
+    call = "__call__"
+    if inspect.ismethod(mod) and mod.__name__ == "call":
+        mod, call = mod.__self__, "call"
+    if not isinstance(mod, RelativeBias):
+        return None
+    if _defined_in(type(mod), call) is not _defined_in(
+        type(mod), "distance_bias"
+    ):
+        return None
+    return mod, offset
+
+
+def _defined_in(cls, name):
+    return next((c for c in cls.__mro__ if name in vars(c)), None)
+
+
+def relative_block_bias(mod, num_heads, first_query, first_key, rows, cols):
+    """The bias `(N, R, C)` that the `RelativeBias` score mod `mod` (see
+    `relative_bias`) adds to `R x C` logits of query indices `first_query
+    + r` and key indices `first_key + c`."""
+    bias, offset = relative_bias(mod)
+    first = first_key - first_query - (rows - 1)  # at (r, c) = (R - 1, 0)
+    distance = ops.arange(rows + cols - 1, dtype="int32") + ops.cast(
+        first - offset, "int32"
+    )
+    return toeplitz(bias.distance_bias(num_heads, distance), rows, cols)
+
+
+def toeplitz(diagonals, rows, cols):
+    """`(..., R, C)` with `[..., r, c] = diagonals[..., c - r + R - 1]`,
+    from `diagonals` `(..., R + C - 1)`: each row is the one above it
+    shifted right by one."""
+    index = ops.arange(cols)[None, :] - ops.arange(rows)[:, None] + rows - 1
+    return ops.take(diagonals, index, axis=-1)
 
 
 def alibi_slopes(num_heads):

@@ -6,12 +6,13 @@ Shape legend: B batch, N heads, T query length, S key length.
 import keras
 
 from keras_attention import mods
+from keras_attention._core.builtins import RelativeBias
 from keras_attention._core.checks import check_flag
 from keras_attention.mods import scores
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
-class RelativePositionBias(keras.layers.Layer):
+class RelativePositionBias(keras.layers.Layer, RelativeBias):
     """T5's learned relative position bias (Raffel et al. 2020), a score
     mod with a trainable table.
 
@@ -99,10 +100,15 @@ class RelativePositionBias(keras.layers.Layer):
         self.built = True
 
     def call(self, score, batch, head, q_idx, kv_idx):
-        mod = mods.relative_position_bias(
+        return self._mod()(score, batch, head, q_idx, kv_idx)
+
+    def distance_bias(self, num_heads, distance):
+        return self._mod().distance_bias(num_heads, distance)
+
+    def _mod(self):
+        return mods.relative_position_bias(
             self.table, self.num_buckets, self.max_distance, self.bidirectional
         )
-        return mod(score, batch, head, q_idx, kv_idx)
 
     def compute_output_shape(self, score_shape, *index_shapes):
         return tuple(score_shape)

@@ -101,6 +101,12 @@ def callables(where, mods):
 
 def check_heads(where, name, num_heads, head):
     heads = static_dim(head.shape[1]) if len(head.shape) == 4 else None
+    check_head_count(where, name, num_heads, heads)
+
+
+def check_head_count(where, name, num_heads, heads):
+    """That `heads` query heads (or `None`: unknown) can take a tensor
+    made for `num_heads` heads (one head takes the first)."""
     if heads is not None and heads not in (1, num_heads):
         raise ValueError(
             f"{where}: `{name}` is for {num_heads} heads; the attention has "

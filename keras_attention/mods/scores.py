@@ -10,10 +10,12 @@ from keras import ops
 
 from keras_attention._core import static_dim
 from keras_attention._core.builtins import Alibi
+from keras_attention._core.builtins import RelativeBias
 from keras_attention._core.builtins import SoftCap
 from keras_attention._core.checks import check_flag
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
+from keras_attention.mods._common import check_head_count
 from keras_attention.mods._common import check_heads
 from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
@@ -108,7 +110,7 @@ def alibi(num_heads: int):
     return _Alibi(num_heads)
 
 
-class _RelativePositionBias:
+class _RelativePositionBias(RelativeBias):
     def __init__(self, table, num_buckets, max_distance, bidirectional):
         self.table = table
         self.num_buckets, self.max_distance = num_buckets, max_distance
@@ -136,6 +138,15 @@ class _RelativePositionBias:
             flat = ops.reshape(self.table, (-1,))  # (num_buckets * N,)
             bias = ops.take(flat, bucket * heads + head)
         return score + ops.cast(bias, score.dtype)
+
+    def distance_bias(self, num_heads, distance):
+        heads = self.table.shape[1]
+        check_head_count("relative_position_bias", "table", heads, num_heads)
+        bucket = _buckets(
+            distance, self.num_buckets, self.max_distance, self.bidirectional
+        )  # (D,)
+        rows = ops.take(self.table, bucket, axis=0)  # (D, N)
+        return ops.transpose(rows[:, :num_heads])
 
     def __repr__(self):
         return (

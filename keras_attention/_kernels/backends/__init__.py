@@ -8,6 +8,7 @@ Every module here defines the same names, so the rest of the kernels ask
   `torch.autograd.Function`);
 * `fori_loop(start, end, body, carry)`: a loop over a traced range;
 * `scan_carries(f, init, xs)`: every carry of a scan, stacked;
+* `leading_sum(x)`: `x` summed over its leading axis;
 * `write_kv_cache(cache, key, value, index)`: the KV-cache write;
 * `block_buffer(zeros)`, `read_block(buffer, index)`,
   `write_block(buffer, index, block)` and `stacked_blocks(buffer)`: the

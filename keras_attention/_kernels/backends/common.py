@@ -62,3 +62,8 @@ def write_block(buffer, index, block):
 def stacked_blocks(buffer):
     """The buffer's blocks as one tensor `(n, ...)`."""
     return buffer
+
+
+def leading_sum(x):
+    """`x` `(n, ...)` summed over its leading axis."""
+    return ops.sum(x, axis=0)

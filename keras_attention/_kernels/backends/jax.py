@@ -16,6 +16,17 @@ write_block = common.write_block
 stacked_blocks = common.stacked_blocks
 
 
+def leading_sum(x):
+    """`x` `(n, ...)` summed over its leading axis, one slice at a time:
+    XLA:CPU reduces a few rows of many columns 30-80x slower than it
+    adds them (a `(4, 524288)` sum: 17 ms against 0.5 ms)."""
+
+    def add(i, total):
+        return total + keras.ops.take(x, i, axis=0)
+
+    return fori_loop(0, x.shape[0], add, keras.ops.zeros_like(x[0]))
+
+
 def custom_gradient(forward, backward):
     """`fn(query, key, value, captures, tensors)` whose value is
     `forward(...)[0]` and whose gradients are `backward(tensors,

@@ -15,6 +15,7 @@ PROGRAMS_TAKE_VARIABLES = False  # a graph reads the variables itself
 # Keras's attention, unfused on TensorFlow's CPU: never chosen by the
 # dispatch (`has_fused_kernel`), but it can be forced and checked.
 fused_kernel = common.keras_kernel
+leading_sum = common.leading_sum
 
 
 def custom_gradient(forward, backward):

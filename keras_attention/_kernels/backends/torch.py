@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_attention._core import large_negative
 from keras_attention._kernels.backends.common import keras_kernel
+from keras_attention._kernels.backends.common import leading_sum  # noqa: F401
 
 PROGRAMS_TAKE_VARIABLES = False  # the loop runs eagerly
 

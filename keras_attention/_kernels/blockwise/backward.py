@@ -90,12 +90,29 @@ def _scored(plan, tensors, captures, i, j, logits):
     if plan.score_mod is None:
         return logits, None
     constants = tensors.score_constants
+    primitives = backends.current()
+    if plan.relative_bias and captures:
+        # The logits' gradient passes through the bias unchanged; the
+        # tensors' is the bias's pullback of it summed over the batch.
+        def bias(*captures):
+            held = plan.score_mod.join(captures, constants)
+            return blocks.relative_bias(plan, i, j, held)
+
+        value, bias_pullback = primitives.vjp(bias, *captures)
+
+        def pullback(grad_logits):
+            c = plan.block
+            grad = ops.reshape(grad_logits, (-1, plan.heads, c, c))
+            grad = primitives.leading_sum(grad)  # (N, C, C)
+            return [grad_logits, *bias_pullback(grad)]
+
+        return blocks.add_bias(plan, logits, value), pullback
 
     def mod(logits, *captures):
         held = plan.score_mod.join(captures, constants)
         return blocks.score(plan, i, j, logits, held)
 
-    return backends.current().vjp(mod, logits, *captures)
+    return primitives.vjp(mod, logits, *captures)
 
 
 def _query_blocks(plan, tensors, j, padded, query_block, state):

@@ -10,6 +10,7 @@ H head dim, V value head dim, P = B x K.
 from keras import ops
 
 from keras_attention._core import segments_visible
+from keras_attention._core.builtins import relative_block_bias
 from keras_attention._kernels import backends
 
 
@@ -109,8 +110,10 @@ def score(plan, i, j, logits, held):
     mod, with `held = (tensors, constants)` in place of the mod's own."""
     c = plan.block
     scores = ops.reshape(logits, (-1, plan.heads, c, c))  # (B, N, C, C)
-    rows, cols = real_indices(plan, i, j)
     mod = plan.score_mod
+    if plan.relative_bias:
+        return add_bias(plan, logits, relative_bias(plan, i, j, held))
+    rows, cols = real_indices(plan, i, j)
 
     def bound(scores, *indices):
         return mod(held, scores, *indices)
@@ -118,6 +121,27 @@ def score(plan, i, j, logits, held):
     scores = plan.structure.with_mods(score_mod=bound).modify_scores(
         scores, rows, cols
     )
+    return ops.reshape(scores, (-1, plan.groups * c, c))
+
+
+def relative_bias(plan, i, j, held):
+    """The bias `(N, C, C)` of block pair `(i, j)` under a relative score
+    mod (`plan.relative_bias`), with `held` in place of its tensors: its
+    2C - 1 relative positions laid along the block's diagonals (the
+    padding past the last query or key gets a bias it hides)."""
+    c = plan.block
+    bias = plan.score_mod.apply(
+        held, lambda m: relative_block_bias(m, plan.heads, i * c, j * c, c, c)
+    )
+    return ops.cast(bias, plan.compute_dtype)
+
+
+def add_bias(plan, logits, bias):
+    """`logits` `(P, G*C, C)` plus `bias` `(N, C, C)` in every row of the
+    batch."""
+    c = plan.block
+    scores = ops.reshape(logits, (-1, plan.heads, c, c))  # (B, N, C, C)
+    scores = scores + bias
     return ops.reshape(scores, (-1, plan.groups * c, c))
 
 

@@ -19,6 +19,7 @@ from keras_attention._core import large_negative
 from keras_attention._core.binding import Bound
 from keras_attention._core.builtins import Band
 from keras_attention._core.builtins import Segments
+from keras_attention._core.builtins import relative_bias
 from keras_attention._core.mods import BlockTable
 from keras_attention._core.mods import Combined
 from keras_attention._kernels.blockwise import blocks
@@ -45,6 +46,8 @@ class Plan:
             if self.score_mod is not None
             else ([], [])
         )
+        # A relative bias is added along each block's diagonals.
+        self.relative_bias = relative_bias(structure.score_mod) is not None
         self.soft_cap = structure.soft_cap
         self.alibi = structure.alibi
         self.band, self.segments = structure.band, structure.segments

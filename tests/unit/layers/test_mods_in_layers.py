@@ -294,3 +294,62 @@ def test_explain_without_a_batch_size_takes_per_row_mods():
     assert "document(segment_ids)" in str(report)
     with pytest.raises(ValueError, match=r"\(B, T\) = \(3, 7\)"):
         layer.explain(T, mask_mod=documents, batch_size=3)
+
+
+class _HalvedBias(ka.RelativePositionBias):
+    """A bias layer with a call of its own: the blockwise path must call
+    it, not lay its table's biases along the blocks' diagonals."""
+
+    def call(self, score, batch, head, q_idx, kv_idx):
+        return 0.5 * super().call(score, batch, head, q_idx, kv_idx)
+
+
+@pytest.mark.parametrize("bias_class", [ka.RelativePositionBias, _HalvedBias])
+def test_a_bias_layer_on_the_blockwise_path_and_in_cached_steps(bias_class):
+    """A `RelativePositionBias` layer in an attention layer: on the
+    blockwise path in blocks of 3 (where its biases are laid along each
+    block's diagonals, over padded blocks) the outputs and the gradients
+    of the input and of every weight, the table's among them, are the
+    reference path's; cached steps on that path (4 tokens, then one at a
+    time) see sequence positions and give the full call's outputs."""
+    keras.utils.set_random_seed(0)
+    bias = bias_class(num_buckets=8, max_distance=6)
+    layer = ka.MultiHeadSelfAttention(N, score_mod=bias)
+    layer.build((B, T, D))
+    bias.table.assign(rng(8).normal(size=(8, N)).astype("float32"))
+    x = rng(9).standard_normal((B, T, D)).astype("float32")
+    weights = layer.trainable_weights
+    assert any(w is bias.table for w in weights)
+
+    def run(path):
+        def fn(x):
+            with path_context(path):
+                return layer(x, use_causal_mask=True)
+
+        return value_and_grads(fn, [x], weights)
+
+    (want, want_grads, want_weights), (got, grads, weight_grads) = (
+        run("reference"),
+        run("chunked"),
+    )
+    assert_close(
+        f"bias layer {bias_class.__name__}",
+        "float32",
+        got,
+        grads + weight_grads,
+        want,
+        want_grads + want_weights,
+        ["x"] + [w.path for w in weights],
+    )
+    cache = np.zeros((B, 2, T, N, H), "float32")
+    steps = []
+    with path_context("chunked"):
+        for start, end in [(0, 4), (4, 5), (5, 6), (6, 7)]:
+            out, cache = layer(
+                x[:, start:end],
+                cache=cache,
+                cache_index=start,
+                use_causal_mask=True,
+            )
+            steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), want[0], atol=1e-5)
