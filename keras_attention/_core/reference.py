@@ -15,6 +15,8 @@ import math
 
 from keras import ops
 
+from keras_attention._core.builtins import relative_bias
+from keras_attention._core.builtins import relative_block_bias
 from keras_attention._core.masking import expand_mask
 from keras_attention._core.masking import logits_dtype
 from keras_attention._core.masking import masked_softmax
@@ -83,9 +85,9 @@ def _reference_logits(query, key, mask, structure, scale):
 
     def scores(logits):
         if rank == 4:
-            return structure.modify_scores(logits, rows, cols)
+            return _modified(structure, logits, rows, cols)
         logits = ops.expand_dims(logits, 1)  # (B, 1, T, S)
-        return structure.modify_scores(logits, rows, cols)[:, 0]
+        return _modified(structure, logits, rows, cols)[:, 0]
 
     return _logits(
         query,
@@ -96,6 +98,22 @@ def _reference_logits(query, key, mask, structure, scale):
         bias=bias,
         score_fn=None if structure.score_mod is None else scores,
     )
+
+
+def _modified(structure, scores, rows, cols):
+    """`scores` `(B, N, T, S)` through the structure's score mod at query
+    rows `rows` and keys `cols`, the `steps` of the lengths. A relative
+    bias (`builtins.RelativeBias`) of known lengths is laid along the
+    diagonals: one lookup per relative position, not per logit."""
+    heads, length, key_length = scores.shape[1:]
+    if relative_bias(structure.score_mod) is not None and all(
+        isinstance(n, int) for n in (length, key_length)
+    ):
+        bias = relative_block_bias(
+            structure.score_mod, heads, 0, 0, length, key_length
+        )  # (N, T, S)
+        return scores + ops.cast(bias, scores.dtype)
+    return structure.modify_scores(scores, rows, cols)
 
 
 def attention_weights(
