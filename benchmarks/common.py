@@ -36,30 +36,31 @@ def compiled(fn):
     return fn
 
 
-def gradient_step(loss, q, k, v):
-    """`fn()`: the gradients of `loss(q, k, v)` for `q`, `k` and `v`,
-    compiled as Keras compiles a training step on CPU (`jax.jit`; a
-    TensorFlow graph without XLA; PyTorch eagerly)."""
+def gradient_step(loss, *inputs):
+    """`fn()`: the gradients of `loss(*inputs)` for each of `inputs`
+    (the query, key and value, say), compiled as Keras compiles a
+    training step on CPU (`jax.jit`; a TensorFlow graph without XLA;
+    PyTorch eagerly)."""
     if BACKEND == "jax":
         import jax
 
-        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-        return lambda: grads(q, k, v)
+        grads = jax.jit(jax.grad(loss, argnums=tuple(range(len(inputs)))))
+        return lambda: grads(*inputs)
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
         @tf.function  # as Keras compiles a step on CPU: no XLA
-        def grads(q, k, v):
+        def grads(*inputs):
             with tf.GradientTape() as tape:
-                tape.watch([q, k, v])
-                value = loss(q, k, v)
-            return tape.gradient(value, [q, k, v])
+                tape.watch(inputs)
+                value = loss(*inputs)
+            return tape.gradient(value, inputs)
 
-        return lambda: grads(q, k, v)
+        return lambda: grads(*inputs)
     import torch
 
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    return lambda: torch.autograd.grad(loss(q, k, v), (q, k, v))
+    inputs = [x.detach().requires_grad_() for x in inputs]
+    return lambda: torch.autograd.grad(loss(*inputs), inputs)
 
 
 def attention_step(shape, causal, path=None):

@@ -16,6 +16,16 @@ process:
   relative attention bias), which adds the `(1, N, T, T)` bias to dense
   logits.
 
+The attention alone is timed too, forward and backward (the gradients of
+the query, key, value and the `(32, N)` table), with the bias given two
+ways on the path the dispatch picks:
+
+* `kernel_library`: `mods.relative_position_bias(table)`, which the
+  blockwise path lays along each block's diagonals (one lookup per
+  relative position);
+* `kernel_elementwise`: the same bias as a score mod written by hand,
+  one bucket and table lookup per logit.
+
     KERAS_BACKEND=jax python benchmarks/relative_bias.py [--quick]
 """
 
@@ -71,6 +81,49 @@ def model_of(candidate, length):
     return model, data, np.zeros_like(data)
 
 
+def kernel_steps(length):
+    """`{name: fn}`: forward and backward of attention alone with T5's
+    bias as the library's mod and as a hand-written elementwise one."""
+    import keras
+    from common import gradient_step
+
+    from keras_attention import functional
+    from keras_attention import mods
+
+    rng = np.random.default_rng(0)
+    q, k, v, cotangent = (
+        keras.ops.convert_to_tensor(
+            rng.normal(size=(BATCH, length, N, D // N)).astype("float32")
+        )
+        for _ in range(4)
+    )
+    table = keras.ops.convert_to_tensor(
+        rng.normal(size=(32, N)).astype("float32")
+    )
+
+    def elementwise(table):
+        def mod(score, batch, head, q_idx, kv_idx):
+            bucket = mods.relative_position_bucket(kv_idx - q_idx)
+            flat = keras.ops.reshape(table, (-1,))
+            return score + keras.ops.take(flat, bucket * N + head)
+
+        return mod
+
+    def step(make_mod):
+        def loss(q, k, v, table):
+            out = functional.scaled_dot_product_attention(
+                q, k, v, score_mod=make_mod(table)
+            )
+            return keras.ops.sum(out * cotangent)
+
+        return gradient_step(loss, q, k, v, table)
+
+    return {
+        "kernel_library": step(mods.relative_position_bias),
+        "kernel_elementwise": step(elementwise),
+    }
+
+
 def explained(length):
     """The path `explain()` names for our layer's attention."""
     import keras_attention as ka
@@ -97,6 +150,7 @@ def main():
             steps[candidate] = lambda m=model, i=inputs, t=target: (
                 m.train_on_batch(i, t)
             )
+        steps.update(kernel_steps(length))
         medians = interleaved_medians(steps, repeats)
         path = explained(length)
         for candidate, seconds in medians.items():
@@ -109,7 +163,7 @@ def main():
                 }
             )
             print(
-                f"{candidate:10s} T={length}: {seconds * 1e3:8.1f} ms "
+                f"{candidate:18s} T={length}: {seconds * 1e3:8.1f} ms "
                 f"(our path {path})"
             )
         del steps

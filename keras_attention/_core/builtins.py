@@ -268,15 +268,12 @@ def relative_block_bias(mod, num_heads, first_query, first_key, rows, cols):
     distance = ops.arange(rows + cols - 1, dtype="int32") + ops.cast(
         first - offset, "int32"
     )
-    return toeplitz(bias.distance_bias(num_heads, distance), rows, cols)
-
-
-def toeplitz(diagonals, rows, cols):
-    """`(..., R, C)` with `[..., r, c] = diagonals[..., c - r + R - 1]`,
-    from `diagonals` `(..., R + C - 1)`: each row is the one above it
-    shifted right by one."""
+    diagonals = bias.distance_bias(num_heads, distance)  # (N, R + C - 1)
+    # Whole rows of heads moved at once, not scalars (and so in the
+    # gradient's scatter).
     index = ops.arange(cols)[None, :] - ops.arange(rows)[:, None] + rows - 1
-    return ops.take(diagonals, index, axis=-1)
+    laid = ops.take(ops.transpose(diagonals), index, axis=0)  # (R, C, N)
+    return ops.transpose(laid, (2, 0, 1))
 
 
 def alibi_slopes(num_heads):
