@@ -226,7 +226,7 @@ class RelativeBias:
     `R + C - 1` of them, so the blockwise path computes those and lays
     them out along the block's diagonals (`relative_block_bias`): the
     lookup of a bias table runs once per relative position, not once per
-    logit, and so does its gradient's scatter."""
+    logit, and so does its gradient."""
 
     def distance_bias(self, num_heads, distance):
         """The bias `(N, D)` of `num_heads` heads at relative positions
@@ -269,11 +269,30 @@ def relative_block_bias(mod, num_heads, first_query, first_key, rows, cols):
         first - offset, "int32"
     )
     diagonals = bias.distance_bias(num_heads, distance)  # (N, R + C - 1)
-    # Whole rows of heads moved at once, not scalars (and so in the
-    # gradient's scatter).
-    index = ops.arange(cols)[None, :] - ops.arange(rows)[:, None] + rows - 1
-    laid = ops.take(ops.transpose(diagonals), index, axis=0)  # (R, C, N)
-    return ops.transpose(laid, (2, 0, 1))
+    return along_diagonals(diagonals, rows, cols)
+
+
+def along_diagonals(diagonals, rows, cols):
+    """`(N, R, C)` whose entry `(r, c)` is `diagonals[:, c - r + R - 1]`,
+    for `diagonals` `(N, R + C - 1)`: a Toeplitz matrix per head."""
+    width = rows + cols - 1
+    if keras.backend.backend() == "tensorflow":
+        # TensorFlow gathers whole rows of heads (and scatters them in the
+        # gradient) faster than it copies and sums the layout below.
+        index = ops.arange(cols)[None, :] - ops.arange(rows)[:, None]
+        laid = ops.take(ops.transpose(diagonals), index + rows - 1, axis=0)
+        return ops.transpose(laid, (2, 0, 1))  # from (R, C, N)
+    # Row r of the (R, L + 1) repetition of the padded diagonals, read
+    # from flat offset R - 1 with a stride of L, starts at diagonal
+    # R - 1 - r: the layout is a copy, and its gradient a sum over rows,
+    # where a gather's gradient would scatter every entry.
+    padded = ops.pad(diagonals, ((0, 0), (0, 1)))  # (N, L + 1)
+    repeated = ops.broadcast_to(
+        padded[:, None, :], (ops.shape(diagonals)[0], rows, width + 1)
+    )
+    flat = ops.reshape(repeated, (-1, rows * (width + 1)))
+    skewed = flat[:, rows - 1 : rows - 1 + rows * width]
+    return ops.reshape(skewed, (-1, rows, width))[:, :, :cols]
 
 
 def alibi_slopes(num_heads):
