@@ -224,6 +224,27 @@ def check_shape(where: str, name: str, tensor, expected):
         )
 
 
+def check_cache_source(where: str, cache, **sources):
+    """A source given along with a cross-attention `cache` `(B, 2, S, K,
+    H)` has its batch and length: the cache, not the source, is attended
+    to, and a cache of another source would be used without a word."""
+    expected = (static_dim(cache.shape[0]), static_dim(cache.shape[2]))
+    for name, source in sources.items():
+        if source is None or len(source.shape) < 2:
+            continue
+        received = tuple(static_dim(d) for d in source.shape[:2])
+        if any(
+            a is not None and b is not None and a != b
+            for a, b in zip(received, expected, strict=True)
+        ):
+            raise ValueError(
+                f"{where}: `{name}` given with `cache` must have the cache's "
+                f"batch size and source length {expected}. Received: "
+                f"{name}.shape={tuple(source.shape)}, "
+                f"cache.shape={tuple(cache.shape)}"
+            )
+
+
 def check_batch_and_length(where: str, query_shape, value_shape, key_shape):
     """Queries, keys and values share the batch; keys and values the length."""
     pairs = [

@@ -64,7 +64,8 @@ class CrossAttention(MultiHeadCore):
 
     Other Parameters: Call arguments:
         query (Tensor): Shape `(B, T, Dq)`.
-        value (Tensor): Shape `(B, S, Dv)`. May be `None` when `cache` is given.
+        value (Tensor): Shape `(B, S, Dv)`. May be `None` when `cache` is
+            given; if given with it, its `B` and `S` must be the cache's.
         key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
         value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
             tokens. Defaults to the Keras mask of `value`.
@@ -144,6 +145,9 @@ class CrossAttention(MultiHeadCore):
                 "cache",
                 cache,
                 (batch, 2, None, self.kv_heads, self._head_dim),
+            )
+            checks.check_cache_source(
+                self._where(), cache, value=value, key=key
             )
             key_heads = ops.cast(cache[:, 0], query.dtype)  # (B, S, K, H)
             value_heads = ops.cast(cache[:, 1], query.dtype)  # (B, S, K, H)

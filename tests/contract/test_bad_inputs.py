@@ -68,6 +68,27 @@ def explained(**structure):
     return lambda: explain(x(B, T, D), x(B, S, D), **structure)
 
 
+def cached_cross(source_length, where):
+    """A call with a cross-attention cache of S source positions and a
+    source of `source_length` given along with it (to the
+    `CrossAttention` layer itself, or to a decoder block)."""
+
+    def call():
+        if where == CROSS:
+            layer = ka.CrossAttention(2)
+            layer.build((B, 1, D), (B, S, D))
+            cache = layer.compute_cache(x(B, S, D))
+            return layer(x(B, 1, D), x(B, source_length, D), cache=cache)
+        block = ka.TransformerDecoderBlock(2, 16)
+        block(x(B, 2, D), x(B, S, D))
+        cache = block.init_cache(B, 4, encoder_outputs=x(B, S, D))
+        return block(
+            x(B, 1, D), x(B, source_length, D), cache=cache, cache_index=0
+        )
+
+    return call
+
+
 def built_mhsa():
     layer = ka.MultiHeadSelfAttention(2)
     layer.build((B, T, D))
@@ -554,6 +575,12 @@ CASES = {
         lambda: ka.CrossAttention(2)(
             x(B, T, D), x(B, S, D), attention_mask=mask(T, S, dtype="float32")
         ),
+    ),
+    "cross-cache-source-length": (CROSS, "value", cached_cross(5, CROSS)),
+    "decoder-block-cross-cache-source-length": (
+        CROSS,
+        "value",
+        cached_cross(5, DEC),
     ),
     # Positions
     "sinusoidal-wavelength": (
