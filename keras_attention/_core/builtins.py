@@ -276,6 +276,11 @@ def along_diagonals(diagonals, rows, cols):
     """`(N, R, C)` whose entry `(r, c)` is `diagonals[:, c - r + R - 1]`,
     for `diagonals` `(N, R + C - 1)`: a Toeplitz matrix per head."""
     width = rows + cols - 1
+    if rows > cols:
+        # The transpose of the layout with the diagonals reversed: its
+        # copy below is then min(R, C) rows of R + C, not R rows.
+        flipped = along_diagonals(ops.flip(diagonals, axis=-1), cols, rows)
+        return ops.transpose(flipped, (0, 2, 1))
     if keras.backend.backend() == "tensorflow":
         # TensorFlow gathers whole rows of heads (and scatters them in the
         # gradient) faster than it copies and sums the layout below.

@@ -224,24 +224,23 @@ def check_shape(where: str, name: str, tensor, expected):
         )
 
 
-def check_cache_source(where: str, cache, **sources):
-    """A source given along with a cross-attention `cache` `(B, 2, S, K,
-    H)` has its batch and length: the cache, not the source, is attended
-    to, and a cache of another source would be used without a word."""
-    expected = (static_dim(cache.shape[0]), static_dim(cache.shape[2]))
+def check_cache_source(where: str, cache, cache_name="cache", **sources):
+    """A source given along with a cross-attention cache `(B, 2, S, K, H)`
+    has its length `S`: the cache, not the source, is attended to, and a
+    cache of another source would be used without a word. (The batch may
+    differ: a beam search may keep a source of B rows while the cache
+    holds one for every beam.)"""
+    expected = static_dim(cache.shape[2])
     for name, source in sources.items():
         if source is None or len(source.shape) < 2:
             continue
-        received = tuple(static_dim(d) for d in source.shape[:2])
-        if any(
-            a is not None and b is not None and a != b
-            for a, b in zip(received, expected, strict=True)
-        ):
+        received = static_dim(source.shape[1])
+        if None not in (received, expected) and received != expected:
             raise ValueError(
-                f"{where}: `{name}` given with `cache` must have the cache's "
-                f"batch size and source length {expected}. Received: "
+                f"{where}: `{name}` given with `{cache_name}` must have the "
+                f"cache's source length {expected}. Received: "
                 f"{name}.shape={tuple(source.shape)}, "
-                f"cache.shape={tuple(cache.shape)}"
+                f"{cache_name}.shape={tuple(cache.shape)}"
             )
 
 
@@ -362,6 +361,13 @@ def check_source(
                 "with 'cross'). Received: encoder_outputs=None, "
                 f"{name}.shape={tuple(mask.shape)}"
             )
+    if encoder_outputs is not None and cross_cache is not None:
+        check_cache_source(
+            where,
+            cross_cache,
+            "cache['cross']",
+            encoder_outputs=encoder_outputs,
+        )
     if has_source:
         source = (
             tuple(encoder_outputs.shape)[:2]

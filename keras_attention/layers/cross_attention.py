@@ -65,7 +65,7 @@ class CrossAttention(MultiHeadCore):
     Other Parameters: Call arguments:
         query (Tensor): Shape `(B, T, Dq)`.
         value (Tensor): Shape `(B, S, Dv)`. May be `None` when `cache` is
-            given; if given with it, its `B` and `S` must be the cache's.
+            given; if given with it, its `S` must be the cache's.
         key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
         value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
             tokens. Defaults to the Keras mask of `value`.

@@ -578,8 +578,8 @@ CASES = {
     ),
     "cross-cache-source-length": (CROSS, "value", cached_cross(5, CROSS)),
     "decoder-block-cross-cache-source-length": (
-        CROSS,
-        "value",
+        DEC,
+        "encoder_outputs",
         cached_cross(5, DEC),
     ),
     # Positions

@@ -106,6 +106,21 @@ def test_cross_attention_separate_key():
     assert not np.allclose(to_numpy(out), to_numpy(swapped))
 
 
+def test_a_source_given_with_a_cache_is_not_attended_to():
+    """With a cache, the cache is attended to: a source of its length
+    passed along (here another one, of one row, as a beam search may keep
+    the source of B rows while the cache has a row per beam) changes
+    nothing."""
+    query, value, other = data(1), data(2, length=S), data(3, length=S)
+    layer = CrossAttention(num_heads=2)
+    full = layer(query, value)
+    cache = layer.compute_cache(value)
+    cached = layer(query, None, cache=cache)
+    along = layer(query, other[:1], cache=cache)
+    np.testing.assert_array_equal(to_numpy(along), to_numpy(cached))
+    np.testing.assert_allclose(to_numpy(cached), to_numpy(full), atol=1e-6)
+
+
 # --- parity with Keras and PyTorch, weights copied ---------------------------
 
 

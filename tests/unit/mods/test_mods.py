@@ -337,7 +337,9 @@ def test_relative_position_bias_in_every_call_form(form):
     )
 
 
-@pytest.mark.parametrize("rows, cols", [(1, 1), (1, 4), (4, 1), (3, 5), (5, 3)])
+@pytest.mark.parametrize(
+    "rows, cols", [(1, 1), (1, 4), (4, 1), (3, 5), (5, 3), (7, 2)]
+)
 def test_diagonals_laid_out_and_their_gradient(rows, cols):
     """The relative bias of a block laid along its diagonals: entry
     `(r, c)` of head `n` is `diagonals[n, c - r + R - 1]`, and each
