@@ -108,7 +108,7 @@ bench: $(STAMP)
 	done
 	$(BIN)/python benchmarks/report.py
 
-# The GPU check (issue 32): the GPU-relevant tests and benchmarks/gpu.py on
+# The GPU check: the GPU-relevant tests and benchmarks/gpu.py on
 # JAX and PyTorch in one call of at most 9 minutes, on a machine that has
 # JAX, PyTorch, pytest and hypothesis but no Keras and no network. Here,
 # `make gpu-wheels` puts in .whl (git-ignored) the wheels that machine
