@@ -671,18 +671,18 @@ def relative_bias_section():
         "| backend | T | path | ours (ms) | keras-hub T5 (ms) | speed-up |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    runs = {}  # {(backend, T): {name: row}}
     for backend, data in results.items():
-        lengths = {}
         for row in data["rows"]:
-            lengths.setdefault(row["length"], {})[row["name"]] = row
-        for length, rows in lengths.items():
-            ours, hub = rows["ours"], rows["keras_hub"]
-            lines.append(
-                f"| {backend} | {length} | {ours['path']} "
-                f"| {ours['seconds'] * 1e3:.0f} "
-                f"| {hub['seconds'] * 1e3:.0f} "
-                f"| {ratio(hub['seconds'], ours['seconds'])} |"
-            )
+            runs.setdefault((backend, row["length"]), {})[row["name"]] = row
+    for (backend, length), rows in runs.items():
+        ours, hub = rows["ours"], rows["keras_hub"]
+        lines.append(
+            f"| {backend} | {length} | {ours['path']} "
+            f"| {ours['seconds'] * 1e3:.0f} "
+            f"| {hub['seconds'] * 1e3:.0f} "
+            f"| {ratio(hub['seconds'], ours['seconds'])} |"
+        )
     lines += [
         "",
         "The attention alone, forward and backward (the gradients of the "
@@ -695,20 +695,16 @@ def relative_bias_section():
         "| backend | T | library mod (ms) | hand-written mod (ms) | speed-up |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for backend, data in results.items():
-        lengths = {}
-        for row in data["rows"]:
-            lengths.setdefault(row["length"], {})[row["name"]] = row
-        for length, rows in lengths.items():
-            if "kernel_library" not in rows:
-                continue
-            ours, hand = rows["kernel_library"], rows["kernel_elementwise"]
-            lines.append(
-                f"| {backend} | {length} "
-                f"| {ours['seconds'] * 1e3:.0f} "
-                f"| {hand['seconds'] * 1e3:.0f} "
-                f"| {ratio(hand['seconds'], ours['seconds'])} |"
-            )
+    for (backend, length), rows in runs.items():
+        if "kernel_library" not in rows:
+            continue
+        ours, hand = rows["kernel_library"], rows["kernel_elementwise"]
+        lines.append(
+            f"| {backend} | {length} "
+            f"| {ours['seconds'] * 1e3:.0f} "
+            f"| {hand['seconds'] * 1e3:.0f} "
+            f"| {ratio(hand['seconds'], ours['seconds'])} |"
+        )
     return [*lines, ""]
 
 

@@ -108,11 +108,11 @@ def stacked(blocks):
 def score(plan, i, j, logits, held):
     """The logits `(P, G*C, C)` of block pair `(i, j)` through the score
     mod, with `held = (tensors, constants)` in place of the mod's own."""
+    if plan.relative_bias:
+        return add_bias(plan, logits, relative_bias(plan, i, j, held))
     c = plan.block
     scores = ops.reshape(logits, (-1, plan.heads, c, c))  # (B, N, C, C)
     mod = plan.score_mod
-    if plan.relative_bias:
-        return add_bias(plan, logits, relative_bias(plan, i, j, held))
     rows, cols = real_indices(plan, i, j)
 
     def bound(scores, *indices):
