@@ -328,7 +328,13 @@ def positioned(mod, query_start=None, key_start=None):
         for start in (query_start, key_start)
     ):
         return mod
-    return Positioned(mod, query_start or 0, key_start or 0)
+    # A start may be a traced tensor (a compiled decoding loop's index),
+    # which has no truth value.
+    return Positioned(
+        mod,
+        0 if query_start is None else query_start,
+        0 if key_start is None else key_start,
+    )
 
 
 class Combined:

@@ -86,9 +86,18 @@ class CachedTransformer:
     """Embedding, one decoder block with a KV cache and cross-attention to a
     fixed source, a vocabulary head."""
 
-    def __init__(self, vocab=11, seed=0, sliding_window=None):
+    def __init__(
+        self,
+        vocab=11,
+        seed=0,
+        sliding_window=None,
+        score_mod=None,
+        mask_mod=None,
+    ):
         keras.utils.set_random_seed(seed)
         self.vocab = vocab
+        # A mask mod given to each call, a score mod to the block.
+        self.mods = {} if mask_mod is None else {"mask_mod": mask_mod}
         self.embedding = keras.layers.Embedding(vocab, 16)
         self.block = TransformerDecoderBlock(
             4,
@@ -96,6 +105,7 @@ class CachedTransformer:
             num_key_value_heads=2,
             use_rotary=True,
             sliding_window=sliding_window,
+            score_mod=score_mod,
         )
         self.head = keras.layers.Dense(vocab)
         self.source = rng(seed).normal(size=(3, 5, 16)).astype("float32")
@@ -106,6 +116,7 @@ class CachedTransformer:
             self.embedding(ids[:, None]),
             cache=state["cache"],
             cache_index=state["index"],
+            **self.mods,
         )
         logits = self.head(hidden[:, 0])
         return logits, {"cache": cache, "index": state["index"] + 1}

@@ -44,6 +44,25 @@ def test_greedy_transformer_with_cache(sliding_window):
     assert np.all(python[0, 2:] == end_id)
 
 
+def test_greedy_transformer_with_mods():
+    """A score mod owned by the block (T5's bias) and a mask mod given to
+    each call see the traced cache index as the query's position."""
+
+    def every_other_past_key(batch, head, q_idx, kv_idx):
+        return (kv_idx == q_idx) | (kv_idx % 2 == q_idx % 2)
+
+    model = CachedTransformer(
+        score_mod=ka.RelativePositionBias(
+            num_buckets=4, max_distance=8, bidirectional=False
+        ),
+        mask_mod=every_other_past_key,
+    )
+    starts = np.array([1, 4, 7], "int32")
+    python, compiled = cached_both_ways(model, starts, 6)
+    np.testing.assert_array_equal(compiled, python)
+    assert len(np.unique(python)) > 2
+
+
 @pytest.mark.parametrize("end_id", [None, 0])
 def test_greedy_prefix_model(end_id):
     model = PrefixModel(4)
