@@ -37,7 +37,10 @@ def custom_gradient(forward, backward):
 
             return output, grad_fn
 
-        return attend(query, key, value, *captures)
+        # Variables are read first: `tf.custom_gradient` would otherwise
+        # ask for their gradients apart (and a variable is no tensor).
+        inputs = [tf.convert_to_tensor(x) for x in (query, key, value)]
+        return attend(*inputs, *map(tf.convert_to_tensor, captures))
 
     return fn
 

@@ -314,6 +314,35 @@ def test_chunked_blocks_with_more_keys_than_queries(mask_kind):
     check_sdpa(cases, q, k, v, mask, causal)
 
 
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_variables_as_inputs(path):
+    """Keras variables as the query, key and value (7 keys: the last
+    block of 3 holds padding): the reference's outputs and the gradients
+    of the variables."""
+    q, k, v, mask, causal = sdpa_inputs("gqa", "padding+causal", 7, 7)
+    variables = [keras.Variable(x) for x in (q, k, v)]
+
+    def fn():
+        with path_context(path):
+            return F.scaled_dot_product_attention(
+                *variables, mask=mask, is_causal=causal
+            )
+
+    outputs, _, grads = value_and_grads(fn, [], variables)
+    visible = np_structure_mask(2, 7, 7, causal) & mask
+    seed = cotangents([outputs[0].shape])[0]
+    out, *reference = np_sdpa_grads(q, k, v, visible, False, seed)
+    assert_close(
+        f"variables {path}",
+        "float32",
+        outputs,
+        grads,
+        [out],
+        reference,
+        ("q", "k", "v"),
+    )
+
+
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
     reason="only TensorFlow traces graphs whose batch size is unknown",
