@@ -140,6 +140,13 @@ def sparse_blocks_beat_fused() -> bool:
 
 
 def fused_refusal(query, value):
+    """Keras's kernel on TensorFlow fails for one key/value head shared by
+    several query heads (its einsum does not broadcast the head axis)."""
+    if len(query.shape) == 4 and value.shape[2] == 1 != query.shape[2]:
+        return (
+            "Keras's kernel on TensorFlow cannot share one key/value head "
+            f"among {query.shape[2]} query heads"
+        )
     return None
 
 

@@ -31,6 +31,7 @@ SDPA_LAYOUTS = {  # query shape, key shape, value dim
     "3d": ((2, 7, 4), (2, 6, 4), 3),
     "4d": ((2, 7, 2, 4), (2, 6, 2, 4), 4),  # V = H: JAX's kernel runs
     "gqa": ((2, 7, 4, 4), (2, 6, 2, 4), 3),
+    "mqa": ((2, 7, 4, 4), (2, 6, 1, 4), 3),  # one key/value head
 }
 MASKS = ("none", "padding", "causal", "padding+causal")
 DTYPES = ("float32", "float16", "bfloat16")
