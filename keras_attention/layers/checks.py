@@ -99,9 +99,35 @@ def check_head_arguments(
         )
 
 
+def check_integer_scalar(where: str, name: str, value):
+    """`value` must be one integer: an int, a NumPy integer or a 0-d
+    integer array or tensor (traced or not)."""
+    if isinstance(value, (bool, np.bool_)):
+        received = repr(value)
+    elif isinstance(value, (int, np.integer)):
+        return
+    elif hasattr(value, "shape") and hasattr(value, "dtype"):
+        dtype = keras.backend.standardize_dtype(value.dtype)
+        try:
+            shape = tuple(value.shape)
+        except ValueError:  # a graph tensor of unknown rank
+            return
+        if shape == () and "int" in dtype:
+            return
+        received = f"a {dtype} tensor of shape {shape}"
+    else:
+        received = repr(value)
+    raise ValueError(
+        f"{where}: `{name}` must be an integer scalar (an int or a 0-d "
+        f"integer tensor). Received: {name}={received}"
+    )
+
+
 def check_start_index(where: str, start_index):
-    """A known `start_index` (an int, a NumPy integer, an eager tensor)
-    must not be negative; a traced one is used as given."""
+    """`start_index` is an integer scalar; a known one (an int, a NumPy
+    integer, an eager tensor) must not be negative; a traced one is used
+    as given."""
+    check_integer_scalar(where, "start_index", start_index)
     value = static_int(start_index)
     if value is not None and value < 0:
         raise ValueError(
@@ -120,6 +146,7 @@ def check_index_range(where, name, index, length, limit, what):
     the same on every backend (as XLA's `dynamic_update_slice` clips).
     Returns the index to use: a Python int when it is known.
     """
+    check_integer_scalar(where, name, index)
     value = static_int(index)
     length, limit = static_dim(length), static_dim(limit)
     if limit is None:

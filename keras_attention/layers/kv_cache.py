@@ -193,6 +193,7 @@ class Rolling:
                 "positions the `sliding_window` sees. Received: "
                 f"cache.kv.shape={tuple(self.tensor.shape)}"
             )
+        checks.check_integer_scalar(self.where, "cache_index", cache_index)
         known = _kernels.static_int(cache_index)
         if known is not None and known < 0:
             raise ValueError(

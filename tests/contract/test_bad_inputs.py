@@ -1117,6 +1117,58 @@ for prefix, (who, make) in POSITION_LAYERS.items():
             ),
         )
 
+# An index is one integer: an int or a 0-d integer tensor.
+BAD_INDICES = {
+    "float": 1.5,
+    "float-tensor": np.array(2.0, "float32"),
+    "vector": np.array([1, 2], "int32"),
+}
+INDEX_CALLS = {  # who, argument, call(index)
+    "sinusoidal": (
+        "PositionalEncoding",
+        "start_index",
+        lambda i: ka.PositionalEncoding()(x(B, T, D), start_index=i),
+    ),
+    "learned": (
+        "PositionEmbedding",
+        "start_index",
+        lambda i: ka.PositionEmbedding(8)(x(B, T, D), start_index=i),
+    ),
+    "rotary": (
+        "RotaryEmbedding",
+        "start_index",
+        lambda i: ka.RotaryEmbedding()(x(B, T, D), start_index=i),
+    ),
+    "cross": (
+        CROSS,
+        "start_index",
+        lambda i: ka.CrossAttention(2)(x(B, T, D), x(B, S, D), start_index=i),
+    ),
+    "cache": (
+        MHSA,
+        "cache_index",
+        lambda i: ka.MultiHeadSelfAttention(2)(
+            x(B, 1, D), cache=x(B, 2, 4, 2, 4), cache_index=i
+        ),
+    ),
+    "rolling-cache": (
+        MHSA,
+        "cache_index",
+        lambda i: ka.MultiHeadSelfAttention(2, sliding_window=4)(
+            x(B, 1, D),
+            cache=ka.layers.RollingCache(x(B, 2, 4, 2, 4)),
+            cache_index=i,
+        ),
+    ),
+}
+for prefix, (who, argument, call) in INDEX_CALLS.items():
+    for suffix, index in BAD_INDICES.items():
+        CASES[f"{prefix}-index-{suffix}"] = (
+            who,
+            argument,
+            lambda call=call, index=index: call(index),
+        )
+
 CASES.update(
     {
         "relative-bias-buckets": (
