@@ -20,8 +20,10 @@ from keras_attention.decoding._common import call_step
 from keras_attention.decoding._common import check_batch_major
 from keras_attention.decoding._common import check_max_length
 from keras_attention.decoding._common import coverage_score
+from keras_attention.decoding._common import finite_float
 from keras_attention.decoding._common import is_shared
 from keras_attention.decoding._common import length_penalty as penalty
+from keras_attention.decoding._common import positive_int
 from keras_attention.decoding._common import without_gradients
 
 
@@ -123,12 +125,14 @@ def beam_search(
         ...     greedy_search(step_fn, (), np.array([0]), 2)))
         [[1 0]]
     """
-    check_max_length("beam_search", max_length)
-    if not isinstance(beam_width, int) or beam_width < 1:
-        raise ValueError(
-            "beam_search: `beam_width` must be a positive integer. "
-            f"Received: beam_width={beam_width}"
-        )
+    max_length = check_max_length("beam_search", max_length)
+    beam_width = positive_int("beam_search", "beam_width", beam_width)
+    length_penalty = finite_float(
+        "beam_search", "length_penalty", length_penalty
+    )
+    coverage_penalty = finite_float(
+        "beam_search", "coverage_penalty", coverage_penalty
+    )
     start = np.asarray(ops.convert_to_numpy(start_ids)).astype("int32")
     check_batch_major("beam_search", state, start.shape[0])
     state = keras.tree.map_structure(

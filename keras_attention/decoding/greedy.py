@@ -11,7 +11,9 @@ from keras import ops
 from keras_attention.decoding import _compiled
 from keras_attention.decoding._common import call_step
 from keras_attention.decoding._common import check_max_length
+from keras_attention.decoding._common import finite_float
 from keras_attention.decoding._common import pad
+from keras_attention.decoding._common import positive_int
 from keras_attention.decoding._common import without_gradients
 
 
@@ -62,7 +64,7 @@ def greedy_search(
          [2 3 3]]
     """
 
-    check_max_length("greedy_search", max_length)
+    max_length = check_max_length("greedy_search", max_length)
     if jit_compile:
         return _compiled_decode(
             "greedy_search",
@@ -129,8 +131,8 @@ def sample(
         >>> tuple(ids.shape)
         (2, 4)
     """
-    check_max_length("sample", max_length)
-    _check_sampling(temperature, top_k, top_p)
+    max_length = check_max_length("sample", max_length)
+    temperature, top_k, top_p = _checked_sampling(temperature, top_k, top_p)
     if not isinstance(seed, keras.random.SeedGenerator):
         seed = keras.random.SeedGenerator(seed)
     if jit_compile:
@@ -150,21 +152,23 @@ def sample(
     return _decode(step_fn, state, start_ids, max_length, end_id, choose)
 
 
-def _check_sampling(temperature, top_k, top_p):
+def _checked_sampling(temperature, top_k, top_p):
+    """The sampling arguments as Python numbers, or a `ValueError`."""
+    temperature = finite_float("sample", "temperature", temperature)
     if temperature <= 0:
         raise ValueError(
             f"sample: `temperature` must be positive. "
             f"Received: temperature={temperature}"
         )
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(
-            "sample: `top_k` must be a positive integer. "
-            f"Received: top_k={top_k}"
-        )
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(
-            f"sample: `top_p` must be in (0, 1]. Received: top_p={top_p}"
-        )
+    if top_k is not None:
+        top_k = positive_int("sample", "top_k", top_k)
+    if top_p is not None:
+        top_p = finite_float("sample", "top_p", top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(
+                f"sample: `top_p` must be in (0, 1]. Received: top_p={top_p}"
+            )
+    return temperature, top_k, top_p
 
 
 def _next_tokens(logits, finished, step, choose, end_id):
@@ -273,9 +277,16 @@ def _sampler(temperature, top_k, top_p, seed):
 
 
 def _keep_top_k(logits, k):
+    """The `k` largest logits of each row; of logits tied with the k-th,
+    the first ones (as `argmax` picks the first of ties)."""
     k = min(k, logits.shape[-1])
     kth = ops.min(ops.top_k(logits, k)[0], axis=-1, keepdims=True)  # (B, 1)
-    return ops.where(logits >= kth, logits, _NEGATIVE)
+    above = logits > kth
+    tied = logits == kth
+    room = k - ops.sum(ops.cast(above, "int32"), axis=-1, keepdims=True)
+    first_tied = ops.cumsum(ops.cast(tied, "int32"), axis=-1) <= room
+    keep = ops.logical_or(above, ops.logical_and(tied, first_tied))
+    return ops.where(keep, logits, _NEGATIVE)
 
 
 def _keep_top_p(logits, p):

@@ -274,6 +274,33 @@ def test_a_shared_table_belongs_in_the_closure():
     np.testing.assert_array_equal(to_numpy(sampled), to_numpy(greedy))
 
 
+def test_numpy_integers_are_sizes():
+    """A beam width or length from NumPy (`lengths.max()`) is an int."""
+    start = np.array([0, 0])
+
+    def step(ids, state):
+        return ops.take(BIGRAM, ids, 0), state
+
+    expected = beam_search(step, (), start, 2, 2, length_penalty=0.6)
+    given = beam_search(
+        step,
+        (),
+        start,
+        np.int64(2),
+        np.int64(2),
+        length_penalty=np.float32(0.6),
+    )
+    for a, b in zip(expected, given, strict=True):
+        np.testing.assert_array_equal(to_numpy(b), to_numpy(a))
+    greedy = greedy_search(step, (), start, 2)
+    np.testing.assert_array_equal(
+        to_numpy(greedy_search(step, (), start, np.int32(2))),
+        to_numpy(greedy),
+    )
+    sampled = sample(step, (), start, np.int64(2), top_k=np.int64(1))
+    np.testing.assert_array_equal(to_numpy(sampled), to_numpy(greedy))
+
+
 def untiled_step(ids, state):
     return ops.zeros((1, 3)), state  # logits for one row, not B·K
 
@@ -291,6 +318,22 @@ def untiled_step(ids, state):
                 untiled_step, st, [0], 2, 1, coverage_penalty=1.0
             ),
             "2 values",
+        ),
+        (
+            lambda st: beam_search(table_step, st, [0], 2, 2.0),
+            "beam_width=2.0",
+        ),
+        (
+            lambda st: beam_search(
+                table_step, st, [0], 2, 2, length_penalty=float("nan")
+            ),
+            "length_penalty=nan",
+        ),
+        (
+            lambda st: beam_search(
+                table_step, st, [0], 2, 2, coverage_penalty="0.2"
+            ),
+            "coverage_penalty='0.2'",
         ),
     ],
 )

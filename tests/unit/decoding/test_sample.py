@@ -154,9 +154,32 @@ def test_a_tensor_temperature():
         ({"temperature": 0.0}, "temperature=0.0"),
         ({"top_k": 0}, "top_k=0"),
         ({"top_p": 1.5}, "top_p=1.5"),
+        ({"temperature": float("nan")}, "temperature=nan"),
+        ({"temperature": None}, "temperature=None"),
+        ({"top_k": 2.0}, "top_k=2.0"),
+        ({"top_p": "0.9"}, "top_p='0.9'"),
     ],
 )
 def test_bad_arguments(kwargs, received):
     model = PrefixModel()
     with pytest.raises(ValueError, match=received):
         sample(model.step, model.initial_state(1), [0], 2, **kwargs)
+
+
+def test_top_k_keeps_k_of_tied_tokens():
+    """Three tokens tie for the largest logit: `top_k=1` keeps the first,
+    as greedy search picks it, and `top_k=2` the first two."""
+    logits = ops.convert_to_tensor(
+        np.array([[1.0, 1.0, 1.0, 0.0, 0.0]] * 200, "float32")
+    )
+
+    def step(ids, state):
+        return logits, state
+
+    start = np.zeros(200, "int32")
+    one = to_numpy(sample(step, (), start, 3, top_k=1, seed=0))
+    assert set(np.unique(one)) == {0}
+    two = to_numpy(sample(step, (), start, 3, top_k=2, seed=0))
+    assert set(np.unique(two)) == {0, 1}
+    four = to_numpy(sample(step, (), start, 3, top_k=4, seed=0))
+    assert set(np.unique(four)) == {0, 1, 2, 3}
