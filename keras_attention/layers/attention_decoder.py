@@ -62,15 +62,19 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
 
     Args:
         cell (keras.layers.Layer): A Keras RNN cell (`GRUCell`, `LSTMCell`,
-            `SimpleRNNCell`, ...).
+            `SimpleRNNCell`, ...), or several as `StackedRNNCells`: the
+            Bahdanau flow then scores with the first cell's previous
+            output, as GNMT does (Wu et al. 2016), and the decoder outputs
+            the last cell's.
         attention (AttentionMechanism): A `BahdanauAttention`,
             `LuongAttention`, `LocationSensitiveAttention` or
             `MonotonicAttention`. Attention that reads its previous
             alignment keeps it in the decoder's state.
         flow: `"bahdanau"` or `"luong"`. Defaults to `"luong"` for a
             `LuongAttention` and `"bahdanau"` otherwise.
-        attention_dim: Size A of $\\tilde s_t$ in the Luong flow. Defaults to
-            the cell's units.
+        attention_dim: Size A of $\\tilde s_t$ in the Luong flow (the
+            Bahdanau flow has no such projection). Defaults to the cell's
+            output size.
         input_feeding: Luong flow: feed $\\tilde s_{t-1}$ with the input.
             Defaults to `True`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
@@ -160,6 +164,12 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 f"{where}: `attention_dim` must be a positive integer. "
                 f"Received: attention_dim={attention_dim!r}"
             )
+        if attention_dim is not None and flow == "bahdanau":
+            raise ValueError(
+                f"{where}: `attention_dim` sizes the Luong flow's attentional "
+                "state; the Bahdanau flow outputs the cell's state. Received: "
+                f"attention_dim={attention_dim}, flow='bahdanau'"
+            )
         self.cell = cell
         self.attention = attention
         self.flow = flow
@@ -181,9 +191,10 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 f"inputs.shape={tuple(inputs_shape)}, "
                 f"encoder_outputs.shape={tuple(encoder_outputs_shape)}"
             )
-        units = self._state_sizes()[0]
+        units = self._cell_output_dim()
         context_dim = encoder_outputs_shape[-1]
         batch = inputs_shape[0]
+        self._input_dim, self._context_dim = inputs_shape[-1], context_dim
         if self.flow == "bahdanau":
             cell_input_dim = inputs_shape[-1] + context_dim
         else:
@@ -203,7 +214,10 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         if not self.cell.built:
             self.cell.build((batch, cell_input_dim))
         if not self.attention.built:
-            self.attention.build((batch, units), encoder_outputs_shape)
+            query_dim = (
+                units if self.flow == "luong" else self._state_sizes()[0]
+            )
+            self.attention.build((batch, query_dim), encoder_outputs_shape)
         self.built = True
 
     def call(
@@ -218,6 +232,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
     ):
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_outputs_mask
+        self._check_inputs("inputs", inputs, encoder_outputs)
         checks.check_mask(
             self._where(),
             "encoder_padding_mask",
@@ -313,10 +328,10 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
 
     @property
     def output_dim(self) -> int:
-        """The size of each output: the cell's units or `attention_dim`."""
+        """The size of each output: the cell's output or `attention_dim`."""
         if self.flow == "bahdanau":
-            return self._state_sizes()[0]
-        return self.attention_dim or self._state_sizes()[0]
+            return self._cell_output_dim()
+        return self.attention_dim or self._cell_output_dim()
 
     def get_initial_state(
         self, encoder_outputs, encoder_padding_mask=None, initial_state=None
@@ -332,7 +347,8 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 for the signature's symmetry with `step`; the mask itself
                 is passed to `step`.
             initial_state (list[Tensor] | None): Cell states, or `None`
-                (zeros).
+                (zeros). Those of `StackedRNNCells` nested per cell or
+                flat.
 
         Returns:
             dict: Batch-major tensors: `"cell"` (the list of cell states),
@@ -347,16 +363,19 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 ops.zeros((batch, size), dtype=self.cell.compute_dtype)
                 for size in self._state_sizes()
             ]
-        elif not isinstance(initial_state, (list, tuple)):
-            initial_state = [initial_state]
+        else:
+            initial_state = keras.tree.flatten(initial_state)
         sizes = self._state_sizes()
         if len(initial_state) != len(sizes) or any(
-            s.shape[-1] not in (None, size)
+            len(s.shape) != 2
+            or s.shape[-1] not in (None, size)
+            or not _same_dim(s.shape[0], encoder_outputs.shape[0])
             for s, size in zip(initial_state, sizes, strict=False)
         ):
             raise ValueError(
-                f"{self._where()}: `initial_state` "
-                f"must be {len(sizes)} tensor(s) of sizes {sizes}. Received: "
+                f"{self._where()}: `initial_state` must be {len(sizes)} "
+                f"tensor(s) (B, size) of sizes {sizes}, with the batch of "
+                f"`encoder_outputs` {tuple(encoder_outputs.shape)}. Received: "
                 "initial_state shapes "
                 f"{[tuple(s.shape) for s in initial_state]}"
             )
@@ -398,6 +417,12 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 alignment_t)`: the output `(B, U)` or `(B, A)`, the new state
                 dict, the weights `(B, S)`.
         """
+        if len(inputs_t.shape) != 2:
+            raise ValueError(
+                f"{self._where()}: `inputs_t` must be (B, E), one step. "
+                f"Received: inputs_t.shape={tuple(inputs_t.shape)}"
+            )
+        self._check_inputs("inputs_t", inputs_t, encoder_outputs)
         return self._step(
             inputs_t, state, encoder_outputs, encoder_padding_mask, training
         )
@@ -451,10 +476,14 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             if len(parts) > 1
             else ops.copy(inputs_t)
         )
-        output, new_cell = self.cell(
-            cell_input, state["cell"], training=training
-        )
-        new_state = {"cell": _as_list(new_cell), "keys": state["keys"]}
+        cell_state = keras.tree.pack_sequence_as(
+            _as_list(self.cell.state_size), state["cell"]
+        )  # nested as the cell's (StackedRNNCells: a list per cell)
+        output, new_cell = self.cell(cell_input, cell_state, training=training)
+        new_state = {
+            "cell": keras.tree.flatten(new_cell),
+            "keys": state["keys"],
+        }
         if self.flow == "luong":
             context, alignment = attend(output)  # with s_t
             output = call_leaf(
@@ -475,9 +504,46 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         return f"AttentionDecoder (layer '{self.name}')"
 
     def _state_sizes(self):
-        sizes = self.cell.state_size
-        sizes = list(sizes) if isinstance(sizes, (list, tuple)) else [sizes]
-        return [int(size) for size in sizes]
+        """The sizes of the cell's states, flat (one per state tensor)."""
+        return [int(size) for size in keras.tree.flatten(self.cell.state_size)]
+
+    def _cell_output_dim(self):
+        """The size of the cell's output (the last cell's of a stack)."""
+        size = getattr(self.cell, "output_size", None)
+        return self._state_sizes()[0] if size is None else int(size)
+
+    def _check_inputs(self, name, inputs, encoder_outputs):
+        """After `build`: the inputs' and source's sizes it was built for,
+        and one batch."""
+        if len(encoder_outputs.shape) != 3:
+            raise ValueError(
+                f"{self._where()}: `encoder_outputs` must be (B, S, De). "
+                "Received: "
+                f"encoder_outputs.shape={tuple(encoder_outputs.shape)}"
+            )
+        built = (
+            getattr(self, "_input_dim", None),
+            getattr(self, "_context_dim", None),
+        )
+        given = (inputs.shape[-1], encoder_outputs.shape[-1])
+        if not all(map(_same_dim, built, given)) or not _same_dim(
+            inputs.shape[0], encoder_outputs.shape[0]
+        ):
+            raise ValueError(
+                f"{self._where()}: `{name}` and `encoder_outputs` must share "
+                f"the batch and have the sizes it was built with (E="
+                f"{built[0]}, De={built[1]}). Received: {name}.shape="
+                f"{tuple(inputs.shape)}, "
+                f"encoder_outputs.shape={tuple(encoder_outputs.shape)}"
+            )
+
+
+def _same_dim(a, b):
+    """Whether two dims may be equal (an unknown one may be anything)."""
+    if a is None or b is None:
+        return True
+    a, b = checks.static_dim(a), checks.static_dim(b)
+    return a is None or b is None or a == b
 
 
 def _as_list(states):

@@ -1,5 +1,7 @@
 """AttentionDecoder: both flows, step == teacher forcing, masks, saving."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -16,6 +18,11 @@ CELLS = {
     "gru": lambda: keras.layers.GRUCell(U),
     "lstm": lambda: keras.layers.LSTMCell(U),
     "simple": lambda: keras.layers.SimpleRNNCell(U),
+    # GNMT's stack: the Bahdanau flow scores with the first cell's state
+    # (8 units), the decoder outputs the last cell's (U).
+    "stacked": lambda: keras.layers.StackedRNNCells(
+        [keras.layers.GRUCell(8), keras.layers.LSTMCell(U)]
+    ),
 }
 ATTENTIONS = {
     "bahdanau": lambda: BahdanauAttention(8),
@@ -78,12 +85,15 @@ def test_bahdanau_flow_equations(cell):
     targets, encoded, mask = inputs()
     layer = decoder(cell, "bahdanau")
     outputs = to_numpy(layer(targets, encoded, encoder_padding_mask=mask))
-    state = [keras.ops.zeros((B, U)) for _ in layer._state_sizes()]
+    structure = layer.cell.state_size
+    nested = keras.tree.is_nested(structure)
+    flat = [keras.ops.zeros((B, n)) for n in keras.tree.flatten(structure)]
     for t in range(T):
-        context = layer.attention(state[0], encoded, value_mask=mask)
+        context = layer.attention(flat[0], encoded, value_mask=mask)
         x = keras.ops.concatenate([targets[:, t], context], axis=-1)
+        state = keras.tree.pack_sequence_as(structure, flat) if nested else flat
         out, state = layer.cell(x, state)
-        state = state if isinstance(state, (list, tuple)) else [state]
+        flat = keras.tree.flatten(state)
         np.testing.assert_allclose(to_numpy(out), outputs[:, t], atol=1e-5)
 
 
@@ -133,6 +143,19 @@ def test_initial_state_is_used():
     assert not np.allclose(zero, given)
     with pytest.raises(ValueError, match="initial_state"):
         layer(targets, encoded, initial_state=[start[0]])
+    with pytest.raises(ValueError, match=r"initial_state shapes \[\(3, 12\)"):
+        layer(targets, encoded, initial_state=[np.ones((3, U))] * 2)
+
+
+def test_stacked_initial_state_nested_or_flat():
+    targets, encoded, _ = inputs()
+    layer = decoder("stacked")
+    g = rng(5)
+    gru, h, c = (g.normal(size=(B, n)).astype("float32") for n in (8, U, U))
+    nested = to_numpy(layer(targets, encoded, initial_state=[[gru], [h, c]]))
+    flat = to_numpy(layer(targets, encoded, initial_state=[gru, h, c]))
+    np.testing.assert_array_equal(nested, flat)
+    assert not np.allclose(nested, to_numpy(layer(targets, encoded)))
 
 
 def seq2seq(cell="gru", attention="bahdanau"):
@@ -199,6 +222,12 @@ BAD = [
         ),
         "cell.dropout=0.2",
     ),
+    (
+        lambda: AttentionDecoder(
+            keras.layers.GRUCell(4), BahdanauAttention(4), attention_dim=5
+        ),
+        "attention_dim=5, flow='bahdanau'",
+    ),
 ]
 
 
@@ -208,6 +237,33 @@ def test_bad_arguments(make, received):
         ValueError, match=f"AttentionDecoder.*Received: {received}"
     ):
         make()
+
+
+@pytest.mark.parametrize(
+    "targets_shape,encoded_shape",
+    [
+        ((B, T, E), (1, S, DE)),  # another batch
+        ((B, T, E), (B, S, DE - 1)),  # another source size than built
+        ((B, T, E - 1), (B, S, DE)),  # another input size than built
+    ],
+)
+def test_calls_after_build_check_their_shapes(targets_shape, encoded_shape):
+    targets, encoded, _ = inputs()
+    layer = decoder()
+    layer(targets, encoded)
+    received = (
+        rf"Received: inputs.shape={re.escape(str(targets_shape))}, "
+        rf"encoder_outputs.shape={re.escape(str(encoded_shape))}"
+    )
+    with pytest.raises(ValueError, match=f"AttentionDecoder.*{received}"):
+        layer(np.zeros(targets_shape, "float32"), np.zeros(encoded_shape))
+    state = layer.get_initial_state(encoded)
+    with pytest.raises(ValueError, match="inputs_t.shape="):
+        layer.step(
+            np.zeros(targets_shape[::2], "float32"),
+            state,
+            np.zeros(encoded_shape, "float32"),
+        )
 
 
 def test_bad_ranks():
