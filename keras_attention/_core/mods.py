@@ -177,8 +177,9 @@ def visible(where, mask_mod, indices):
     if dtype != "bool" or not _broadcasts(_shape(result), expected):
         raise ValueError(
             f"{where}: `mask_mod` must return booleans that broadcast to "
-            f"(B, N, T, S) (here {expected}). Received: a result of shape "
-            f"{_shape(result)} and dtype {dtype}"
+            "its index tensors' grid, (B, N, T, S) or a block of it (here "
+            f"{expected}). Received: a result of shape {_shape(result)} "
+            f"and dtype {dtype}"
         )
     while len(result.shape) < 4:  # the grid's rank: (B|1, N|1, T|1, S|1)
         result = ops.expand_dims(result, 0)
