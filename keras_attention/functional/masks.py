@@ -164,9 +164,8 @@ def segment_positions(segment_ids):
     )  # (B, T)
     # Compared in their own dtype: wide ids do not wrap into equal ones.
     changed = ops.not_equal(ids[:, 1:], ids[:, :-1])  # (B, T - 1)
-    starts = ops.concatenate(
-        [ops.ones_like(changed[:, :1]), changed], axis=1
-    )  # (B, T)
+    first = ops.ones_like(ids[:, :1], dtype="bool")  # (B, 1), also for T = 1
+    starts = ops.concatenate([first, changed], axis=1)  # (B, T)
     last_start = ops.associative_scan(
         ops.maximum, ops.where(starts, index, ops.zeros_like(index)), axis=1
     )  # (B, T): the index where each token's sequence starts

@@ -549,8 +549,9 @@ def test_layer_explain_names_dropout_and_the_window():
         ka.MultiHeadSelfAttention(2).explain(8)
 
 
-def test_segment_positions_restart_at_each_sequence():
-    ids = rng(11).integers(0, 3, (3, 17))
+@pytest.mark.parametrize("length", [1, 2, 17])
+def test_segment_positions_restart_at_each_sequence(length):
+    ids = rng(11).integers(0, 3, (3, length))
     expected = np.zeros_like(ids)
     for b in range(ids.shape[0]):
         for t in range(1, ids.shape[1]):
