@@ -86,6 +86,25 @@ def check_flag(where: str, name: str, value):
         )
 
 
+def real_number(value) -> bool:
+    """Whether `value` is a Python or NumPy real number (not a bool)."""
+    return isinstance(
+        value, (int, float, np.integer, np.floating)
+    ) and not isinstance(value, (bool, np.bool_))
+
+
+def checked_scale(where: str, scale):
+    """`scale` as a float (or `None`): a finite real number."""
+    if scale is None:
+        return None
+    if not real_number(scale) or not np.isfinite(scale):
+        raise ValueError(
+            f"{where}: `scale` must be a finite number or None. "
+            f"Received: scale={scale!r}"
+        )
+    return float(scale)
+
+
 def check_length(where, name, length):
     """A length given as a number (to `structure_mask`) is an int >= 0;
     `None`, tensors and symbolic dims (lengths known when the call runs)
@@ -120,6 +139,20 @@ def check_inputs(where, query, key, value, mask):
             f"value.shape={_shape(value)}"
         )
     q, k, v = _shape(query), _shape(key), _shape(value)
+    dtypes = [
+        keras.backend.standardize_dtype(x.dtype) for x in (query, key, value)
+    ]
+    if any("float" not in dtype for dtype in dtypes):
+        raise ValueError(
+            f"{where}: `query`, `key` and `value` must be floating point. "
+            f"Received: query.dtype={dtypes[0]}, key.dtype={dtypes[1]}, "
+            f"value.dtype={dtypes[2]}"
+        )
+    if q[-1] == 0:
+        raise ValueError(
+            f"{where}: the query and key head dim H must be positive. "
+            f"Received: query.shape={q}, key.shape={k}"
+        )
     _check_dims_equal(where, "query", q, 0, "key", k, 0)
     _check_dims_equal(where, "query", q, 0, "value", v, 0)
     _check_dims_equal(where, "key", k, 1, "value", v, 1)

@@ -38,6 +38,7 @@ from keras_attention._core.builtins import unpositioned
 from keras_attention._core.checks import check_length
 from keras_attention._core.checks import host_integers
 from keras_attention._core.checks import is_tensor
+from keras_attention._core.checks import real_number
 from keras_attention._core.checks import static_dim
 from keras_attention._core.mods import BlockTable
 from keras_attention._core.mods import Combined
@@ -385,9 +386,7 @@ def _check_alibi(where, alibi):
 
 def _check_soft_cap(where, logit_soft_cap):
     if logit_soft_cap is not None and not (
-        isinstance(logit_soft_cap, (int, float))
-        and not isinstance(logit_soft_cap, bool)
-        and 0 < logit_soft_cap < math.inf
+        real_number(logit_soft_cap) and 0 < logit_soft_cap < math.inf
     ):
         raise ValueError(
             f"{where}: `logit_soft_cap` must be a positive finite number or "

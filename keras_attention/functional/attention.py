@@ -13,6 +13,8 @@ from keras import ops
 from keras_attention import _core
 from keras_attention import _kernels
 from keras_attention._core import Structure
+from keras_attention._core.checks import check_flag
+from keras_attention._core.checks import checked_scale
 
 _FN = "scaled_dot_product_attention"
 
@@ -162,6 +164,8 @@ def scaled_dot_product_attention(
         mask_mod=mask_mod,
         score_mod=score_mod,
     )
+    check_flag(_FN, "return_attention_scores", return_attention_scores)
+    scale = checked_scale(_FN, scale)
     segments = _segment_pair(segment_ids)
     if _any_symbolic(query, key, value, mask, *segments):
         _core.check_inputs(_FN, query, key, value, mask)

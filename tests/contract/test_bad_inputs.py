@@ -129,6 +129,37 @@ CASES = {
             x(B, T, D), x(B, S, D), x(B, S, D), mask(B, T, S, dtype="float32")
         ),
     ),
+    "sdpa-integer-query": (
+        SDPA,
+        "query.dtype=int32",
+        sdpa(ids(B, T, D), x(B, S, D), x(B, S, D)),
+    ),
+    "sdpa-head-dim-0": (
+        SDPA,
+        "query",
+        sdpa(x(B, T, 0), x(B, S, 0), x(B, S, D)),
+    ),
+    "sdpa-scores-flag": (
+        SDPA,
+        "return_attention_scores",
+        lambda: scaled_dot_product_attention(
+            x(B, T, D), x(B, S, D), x(B, S, D), return_attention_scores="no"
+        ),
+    ),
+    **{
+        f"sdpa-scale-{name}": (
+            SDPA,
+            "scale",
+            lambda scale=scale: scaled_dot_product_attention(
+                x(B, T, D), x(B, S, D), x(B, S, D), scale=scale
+            ),
+        )
+        for name, scale in (
+            ("nan", float("nan")),
+            ("inf", np.inf),
+            ("str", "a"),
+        )
+    },
     # BahdanauAttention
     "bahdanau-units-0": (
         "BahdanauAttention",

@@ -140,8 +140,15 @@ def sparse_blocks_beat_fused() -> bool:
 
 
 def fused_refusal(query, value):
-    """Keras's kernel on TensorFlow fails for one key/value head shared by
-    several query heads (its einsum does not broadcast the head axis)."""
+    """Keras's kernel on TensorFlow computes half-precision logits in half
+    precision (the library computes them in float32), and fails for one
+    key/value head shared by several query heads (its einsum does not
+    broadcast the head axis)."""
+    dtype = keras.backend.standardize_dtype(query.dtype)
+    if dtype in ("float16", "bfloat16"):
+        return (
+            f"Keras's kernel on TensorFlow computes {dtype} logits in {dtype}"
+        )
     if len(query.shape) == 4 and value.shape[2] == 1 != query.shape[2]:
         return (
             "Keras's kernel on TensorFlow cannot share one key/value head "

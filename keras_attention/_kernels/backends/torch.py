@@ -4,11 +4,12 @@ Shape legend: B batch, T query length, S key length, N query heads,
 K key/value heads, H head dim, V value head dim.
 """
 
+import math
+
 import keras
 import torch
 from keras import ops
 
-from keras_attention._core import large_negative
 from keras_attention._kernels.backends.common import keras_kernel
 from keras_attention._kernels.backends.common import leading_sum  # noqa: F401
 
@@ -132,9 +133,11 @@ def fused_kernel(query, key, value, mask, is_causal, scale, bias=None):
     views of `(B, T, N, H)` heads, with grouped-query heads left to the
     kernel: `keras.ops.dot_product_attention` copies the keys and values
     into contiguous, repeated heads first, which for a decoding step means
-    copying the whole KV cache. The mask becomes additive (0 or the
-    masking constant), so that a row with no visible key stays finite (it
-    is zeroed by the caller)."""
+    copying the whole KV cache. The mask stays boolean (the kernel gives a
+    hidden key no weight at all, where an additive masking constant in
+    half precision can be outweighed by logits past it); a row with no
+    visible key is shown every key, so that it stays finite, and is zeroed
+    by the caller."""
     dtypes = {
         keras.backend.standardize_dtype(x.dtype) for x in (query, key, value)
     }
@@ -144,15 +147,11 @@ def fused_kernel(query, key, value, mask, is_causal, scale, bias=None):
         ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value)
     )  # (B, N, T, H), (B, K, S, H), (B, K, S, V)
     if mask is not None:
-        negative = large_negative(dtypes.pop())
-        mask = torch.where(
-            ops.convert_to_tensor(mask),
-            torch.zeros((), dtype=query.dtype, device=query.device),
-            torch.full((), negative, dtype=query.dtype, device=query.device),
-        )
+        mask = ops.convert_to_tensor(mask)
+        mask = mask | ~mask.any(dim=-1, keepdim=True)
     if bias is not None:
         bias = ops.convert_to_tensor(bias).to(query.dtype)
-        mask = bias if mask is None else mask + bias
+        mask = bias if mask is None else bias.masked_fill(~mask, -math.inf)
     grouped = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
     output = torch.nn.functional.scaled_dot_product_attention(
         query,

@@ -823,3 +823,18 @@ def test_segment_positions_keep_their_shape_in_a_compiled_step():
         ops.convert_to_numpy(model(inputs)),
         atol=1e-5,
     )
+
+
+def test_numpy_numbers_as_soft_cap_and_scale():
+    """NumPy scalars (a config read with NumPy, say) are numbers."""
+    g = rng(12)
+    q, k, v = (g.standard_normal((1, 4, 8)).astype("float32") for _ in "qkv")
+    expected = F.scaled_dot_product_attention(
+        q, k, v, logit_soft_cap=2.0, scale=0.5
+    )
+    given = F.scaled_dot_product_attention(
+        q, k, v, logit_soft_cap=np.float32(2.0), scale=np.float16(0.5)
+    )
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(given), ops.convert_to_numpy(expected)
+    )

@@ -316,6 +316,25 @@ def test_chunked_blocks_with_more_keys_than_queries(mask_kind):
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_hidden_keys_get_no_weight_past_the_masking_constant(path):
+    """float16 logits of ±34223, beyond float16's masking constant: the
+    one visible key, whose logit is the smallest, gets all the weight;
+    a row with no visible key gets zeros."""
+    q = np.full((1, 3, 1, 8), 110.0)
+    k = np.full((1, 3, 1, 8), 110.0)
+    k[0, 0] = -110.0
+    v = np.array([1.0, 5.0, 9.0]).reshape(1, 3, 1, 1) * np.ones((1, 3, 1, 8))
+    mask = np.array([[[True, False, False]] * 2 + [[False] * 3]])  # (1, T, S)
+    with path_context(path):
+        out = F.scaled_dot_product_attention(
+            *(ops.cast(x, "float16") for x in (q, k, v)), mask=mask
+        )
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(out)[0, :, 0, 0], [1.0, 1.0, 0.0]
+    )
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_variables_as_inputs(path):
     """Keras variables as the query, key and value (7 keys: the last
     block of 3 holds padding): the reference's outputs and the gradients
