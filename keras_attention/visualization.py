@@ -55,9 +55,9 @@ def plot_attention(
             "pip install 'keras-attention-layers[viz]'"
         ) from error
     weights = _to_numpy(weights)
-    if weights.ndim != 2:
+    if weights.ndim != 2 or 0 in weights.shape:
         raise ValueError(
-            "plot_attention: `weights` must be (T, S). "
+            "plot_attention: `weights` must be (T, S), with T and S > 0. "
             f"Received: weights.shape={weights.shape}"
         )
     rows, cols = weights.shape
@@ -163,4 +163,10 @@ def _to_numpy(weights):
         import keras
 
         weights = keras.ops.convert_to_numpy(weights)
-    return np.asarray(weights, dtype="float32")
+    try:
+        return np.asarray(weights, dtype="float32")
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            "plot_attention: `weights` must be numbers (T, S). "
+            f"Received: {error}"
+        ) from None

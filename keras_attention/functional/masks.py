@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_attention import _core
 from keras_attention._core import Structure
+from keras_attention._core.checks import check_length
 
 
 def causal_mask(query_length, key_length, offset=0):
@@ -35,6 +36,16 @@ def causal_mask(query_length, key_length, offset=0):
         [[ True False False]
          [ True  True False]]
     """
+    for name, length in (
+        ("query_length", query_length),
+        ("key_length", key_length),
+    ):
+        if length is None:
+            raise ValueError(
+                f"causal_mask: `{name}` must be a non-negative integer. "
+                f"Received: {name}=None"
+            )
+        check_length("causal_mask", name, length)
     # `arange(0, n)` rather than `arange(n)` throughout: jax2onnx (ONNX
     # export from JAX) misreads the one-argument form.
     rows = ops.expand_dims(ops.arange(0, query_length), 1) + offset  # (T, 1)
@@ -122,6 +133,24 @@ def padding_to_attention_mask(padding_mask, query_length=None):
     """
     if padding_mask is None:
         return None
+    where = "padding_to_attention_mask"
+    if not isinstance(padding_mask, keras.KerasTensor):
+        try:
+            padding_mask = ops.convert_to_tensor(padding_mask)
+        except (TypeError, ValueError):  # no numbers at all
+            raise ValueError(
+                f"{where}: `padding_mask` must be boolean (B, S). "
+                f"Received: padding_mask={padding_mask!r}"
+            ) from None
+    dtype = keras.backend.standardize_dtype(padding_mask.dtype)
+    if len(padding_mask.shape) != 2 or (dtype != "bool" and "int" not in dtype):
+        raise ValueError(
+            f"{where}: `padding_mask` must be boolean (B, S), True for real "
+            f"tokens. Received: padding_mask.shape="
+            f"{tuple(padding_mask.shape)}, dtype={dtype}"
+        )
+    if query_length is not None:
+        check_length(where, "query_length", query_length)
     mask = ops.expand_dims(ops.cast(padding_mask, "bool"), 1)  # (B, 1, S)
     if query_length is None:
         return mask

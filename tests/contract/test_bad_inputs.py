@@ -16,7 +16,9 @@ import pytest
 
 import keras_attention as ka
 from keras_attention import decoding
+from keras_attention.functional import causal_mask
 from keras_attention.functional import explain
+from keras_attention.functional import padding_to_attention_mask
 from keras_attention.functional import scaled_dot_product_attention
 from keras_attention.functional import segment_positions
 from keras_attention.functional import structure_mask
@@ -792,6 +794,39 @@ CASES = {
         "plot_attention",
         "weights",
         lambda: plot_attention(x(3), ["a"], ["b"]),
+    ),
+    "plot-empty": (
+        "plot_attention",
+        "weights",
+        lambda: plot_attention(x(0, 4)),
+    ),
+    "plot-strings": (
+        "plot_attention",
+        "string to float",
+        lambda: plot_attention([["a", "b"]]),
+    ),
+    **{
+        f"causal-mask-{name}": (
+            "causal_mask",
+            "query_length",
+            lambda length=length: causal_mask(length, 3),
+        )
+        for name, length in (("float", 2.5), ("none", None), ("negative", -1))
+    },
+    "padding-to-attention-float": (
+        "padding_to_attention_mask",
+        "padding_mask",
+        lambda: padding_to_attention_mask(np.array([[0.5, 0.0]])),
+    ),
+    "padding-to-attention-rank": (
+        "padding_to_attention_mask",
+        "padding_mask",
+        lambda: padding_to_attention_mask(mask(B, T, S)),
+    ),
+    "padding-to-attention-length": (
+        "padding_to_attention_mask",
+        "query_length",
+        lambda: padding_to_attention_mask(mask(B, S), -1),
     ),
     "plot-tokens": (
         "plot_attention",
