@@ -131,6 +131,9 @@ def call_chunk_size(query, key, mask, structure) -> int:
 
 
 def _chunked(query, key, value, mask, structure, scale):
+    if 0 in (runtime.static_dim(x.shape[1]) for x in (query, key)):
+        # No block at all: nothing the loops could skip.
+        return reference_attention(query, key, value, mask, structure, scale)
     block = call_chunk_size(query, key, mask, structure)
     return chunked_attention(query, key, value, mask, structure, scale, block)
 

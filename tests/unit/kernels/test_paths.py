@@ -334,6 +334,20 @@ def test_hidden_keys_get_no_weight_past_the_masking_constant(path):
     )
 
 
+@pytest.mark.parametrize("lengths", [(0, 5), (5, 0)])
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_empty_sequences(path, lengths):
+    """No queries: no outputs; no keys: zeros for every query."""
+    t, s = lengths
+    q = np.ones((2, t, 4), "float32")
+    k = np.ones((2, s, 4), "float32")
+    with path_context(path):
+        out = F.scaled_dot_product_attention(q, k, k, is_causal="bottom_right")
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(out), np.zeros((2, t, 4))
+    )
+
+
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_variables_as_inputs(path):
     """Keras variables as the query, key and value (7 keys: the last
