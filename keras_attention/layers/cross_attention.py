@@ -134,11 +134,12 @@ class CrossAttention(MultiHeadCore):
         batch, length = query.shape[0], query.shape[1]
         checks.check_start_index(self._where(), start_index)
         if cache is None:
+            names = ("value" if key is None else "key", "value")
             key = value if key is None else key
             checks.check_batch_and_length(
                 self._where(), query.shape, value.shape, key.shape
             )
-            key_heads, value_heads = self._project_key_value(key, value)
+            key_heads, value_heads = self._project_key_value(key, value, names)
         else:
             checks.check_shape(
                 self._where(),

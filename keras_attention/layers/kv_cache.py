@@ -14,6 +14,7 @@ cache length, K key/value heads, H head dim.
 from typing import Any
 from typing import NamedTuple
 
+import keras
 from keras import ops
 
 from keras_attention import _kernels
@@ -108,15 +109,25 @@ def split_block_cache(cache, where: str):
 
 def kind_of(cache, where: str, sliding_window):
     """The kind of `cache`: `Rolling` for a `RollingCache`, else `Plain`."""
-    if isinstance(cache, RollingCache):
-        return Rolling(cache.kv, where, rolling_length(where, sliding_window))
-    if isinstance(cache, (tuple, list, dict)):
+    rolling = isinstance(cache, RollingCache)
+    tensor = cache.kv if rolling else cache
+    name = "cache.kv" if rolling else "cache"
+    if not (hasattr(tensor, "shape") and hasattr(tensor, "dtype")):
         raise ValueError(
             f"{where}: `cache` must be a (B, 2, S_max, K, H) tensor or a "
-            "RollingCache. Received: cache of type "
-            f"{type(cache).__name__}"
+            f"RollingCache. Received: {name} of type "
+            f"{type(tensor).__name__}"
         )
-    return Plain(cache, where)
+    dtype = keras.backend.standardize_dtype(tensor.dtype)
+    if "float" not in dtype:
+        raise ValueError(
+            f"{where}: `cache` must hold floating-point keys and values "
+            f"(an {dtype} cache would truncate them). Received: "
+            f"{name}.dtype={dtype}"
+        )
+    if rolling:
+        return Rolling(tensor, where, rolling_length(where, sliding_window))
+    return Plain(tensor, where)
 
 
 class Plain:

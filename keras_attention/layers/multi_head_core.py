@@ -231,6 +231,11 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
                 f"{name or 'query'}.shape={tuple(query_shape)}, "
                 f"num_heads={self.num_heads}"
             )
+        self._input_dims = {
+            "query": model_dim,
+            "key": key_shape[-1],
+            "value": value_shape[-1],
+        }
         self._head_dim = self.key_dim or model_dim // self.num_heads
         self._value_head_dim = self.value_dim or self._head_dim
         n, k = self.num_heads, self.kv_heads
@@ -302,13 +307,27 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
         layer.build(input_shape)
         return layer
 
-    def _project_query(self, query):
+    def _check_input_dim(self, projection, name, tensor):
+        """`tensor` has the feature dim its projection was built for."""
+        expected = self._input_dims[projection]
+        received = checks.static_dim(tensor.shape[-1])
+        if received is not None and received != expected:
+            raise ValueError(
+                f"{self._where()}: `{name}` must have the feature dim "
+                f"{expected} the layer was built with. "
+                f"Received: {name}.shape={tuple(tensor.shape)}"
+            )
+
+    def _project_query(self, query, name="query"):
+        self._check_input_dim("query", name, query)
         heads = call_leaf(self.query_dense, query)  # (B, T, N, H)
         if self.use_qk_norm:
             heads = call_leaf(self.query_norm, heads)
         return heads
 
-    def _project_key_value(self, key, value):
+    def _project_key_value(self, key, value, names=("key", "value")):
+        self._check_input_dim("key", names[0], key)
+        self._check_input_dim("value", names[1], value)
         key_heads = call_leaf(self.key_dense, key)  # (B, S, K, H)
         if self.use_qk_norm:
             key_heads = call_leaf(self.key_norm, key_heads)

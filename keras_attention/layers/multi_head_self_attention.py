@@ -361,8 +361,8 @@ class MultiHeadSelfAttention(MultiHeadCore):
         """Query `(B, T, N, H)`, key and value `(B, T, K, H)` heads of
         `inputs`, rotated from `start_index` (or restarting at each packed
         sequence) with `use_rotary`."""
-        query = self._project_query(inputs)
-        key, value = self._project_key_value(inputs, inputs)
+        query = self._project_query(inputs, "inputs")
+        key, value = self._project_key_value(inputs, inputs, ("inputs",) * 2)
         if self.use_rotary:
             query = self._rotate(query, start_index, segment_ids)
             key = self._rotate(key, start_index, segment_ids)

@@ -5,6 +5,7 @@ D model dim, N heads, K key/value heads, H head dim.
 """
 
 import keras
+import numpy as np
 
 from keras_attention.layers import checks
 from keras_attention.layers import kv_cache
@@ -350,11 +351,23 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 "the block before `init_cache`, so that its head sizes are "
                 "known. Received: an unbuilt block"
             )
-        checks.check_positive_int(
-            f"{type(self).__name__}.init_cache (layer '{self.name}')",
-            "max_length",
-            max_length,
-        )
+        where = f"{type(self).__name__}.init_cache (layer '{self.name}')"
+        if not hasattr(batch_size, "shape"):  # a traced batch is no int
+            checks.check_positive_int(
+                where,
+                "batch_size",
+                int(batch_size)
+                if isinstance(batch_size, np.integer)
+                else batch_size,
+            )
+        checks.check_positive_int(where, "max_length", max_length)
+        if dtype is not None and "float" not in keras.backend.standardize_dtype(
+            dtype
+        ):
+            raise ValueError(
+                f"{where}: `dtype` must be a floating-point dtype. "
+                f"Received: dtype={dtype!r}"
+            )
         attention = self.self_attention
         cache = {
             "self": kv_cache.empty(

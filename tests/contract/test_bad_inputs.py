@@ -1183,6 +1183,72 @@ for prefix, (who, make) in POSITION_LAYERS.items():
             ),
         )
 
+
+def built(layer, *inputs):
+    """`layer` called once on `inputs` (built for their sizes)."""
+    layer(*inputs)
+    return layer
+
+
+def built_decoder():
+    return built(ka.TransformerDecoderBlock(2, 16), x(B, T, D))
+
+
+CASES.update(
+    {
+        # Calls after build: the feature dims it was built with.
+        "mhsa-dim-after-build": (
+            MHSA,
+            "inputs",
+            lambda: built(ka.MultiHeadSelfAttention(2), x(B, T, D))(x(B, T, 6)),
+        ),
+        "cross-query-dim-after-build": (
+            CROSS,
+            "query",
+            lambda: built(ka.CrossAttention(2), x(B, T, D), x(B, S, 6))(
+                x(B, T, 4), x(B, S, 6)
+            ),
+        ),
+        "cross-value-dim-after-build": (
+            CROSS,
+            "value",
+            lambda: built(ka.CrossAttention(2), x(B, T, D), x(B, S, 6))(
+                x(B, T, D), x(B, S, 7)
+            ),
+        ),
+        "learned-dim-after-build": (
+            "PositionEmbedding",
+            "inputs",
+            lambda: built(ka.PositionEmbedding(4), x(B, T, D))(x(B, T, 6)),
+        ),
+        # Caches: floating-point tensors.
+        "cache-integer": (
+            MHSA,
+            "cache.dtype=int32",
+            lambda: ka.MultiHeadSelfAttention(2)(
+                x(B, 1, D), cache=ids(B, 2, 4, 2, 4), cache_index=0
+            ),
+        ),
+        "rolling-cache-none": (
+            MHSA,
+            "cache.kv of type NoneType",
+            lambda: ka.MultiHeadSelfAttention(2, sliding_window=3)(
+                x(B, 1, D), cache=ka.layers.RollingCache(None), cache_index=0
+            ),
+        ),
+        "init-cache-batch": (
+            DEC,
+            "batch_size=-1",
+            lambda: built_decoder().init_cache(-1, 4),
+        ),
+        "init-cache-dtype": (
+            DEC,
+            "dtype='int32'",
+            lambda: built_decoder().init_cache(2, 4, dtype="int32"),
+        ),
+    }
+)
+
 # An index is one integer: an int or a 0-d integer tensor.
 BAD_INDICES = {
     "float": 1.5,
