@@ -5,6 +5,8 @@ Shape legend: B batch, T target steps, S source length, E decoder input dim,
 De encoder dim, U cell units, A attentional state dim.
 """
 
+import copy
+
 import keras
 from keras import ops
 
@@ -126,10 +128,12 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # Copies: a config's `from_config` may consume it (StackedRNNCells
+        # pops its cells), and the caller's dict must stay whole.
         if isinstance(cell, dict):
-            cell = keras.layers.deserialize(cell)
+            cell = keras.layers.deserialize(copy.deepcopy(cell))
         if isinstance(attention, dict):
-            attention = keras.layers.deserialize(attention)
+            attention = keras.layers.deserialize(copy.deepcopy(attention))
         where = self._where()
         if not hasattr(cell, "state_size") or not callable(cell):
             raise ValueError(

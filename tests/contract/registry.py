@@ -124,6 +124,22 @@ CASES = {
         3 + 3,
         seed_generators=1,  # the cell's
     ),
+    # GNMT's stack: the Bahdanau flow scores with the first cell's state.
+    "decoder_stacked_bahdanau": case(
+        ka.AttentionDecoder,
+        {
+            "cell": keras.layers.serialize(
+                keras.layers.StackedRNNCells(
+                    [keras.layers.GRUCell(3), keras.layers.LSTMCell(4)]
+                )
+            ),
+            "attention": keras.layers.serialize(ka.BahdanauAttention(4)),
+        },
+        {"inputs_shape": (B, T, 6), "encoder_outputs_shape": (B, S, D)},
+        (B, T, 4),
+        3 + 3 + 3,  # each cell's kernels and bias, W_a, U_a, v_a
+        seed_generators=2,  # the cells'
+    ),
     "decoder_lstm_luong": case(
         ka.AttentionDecoder,
         {
