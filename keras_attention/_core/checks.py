@@ -93,16 +93,33 @@ def real_number(value) -> bool:
     ) and not isinstance(value, (bool, np.bool_))
 
 
-def checked_scale(where: str, scale):
-    """`scale` as a float (or `None`): a finite real number."""
-    if scale is None:
-        return None
-    if not real_number(scale) or not np.isfinite(scale):
+def finite_number(where: str, name: str, value) -> float:
+    """`value` as a float: a Python or NumPy real number or a concrete 0-d
+    tensor holding one, not NaN or infinite."""
+    if getattr(value, "shape", None) == () and not isinstance(
+        value, (np.generic, keras.KerasTensor)
+    ):
+        value = ops.convert_to_numpy(value)[()]  # a 0-d array or tensor
+    if not real_number(value) or not np.isfinite(value):
         raise ValueError(
-            f"{where}: `scale` must be a finite number or None. "
-            f"Received: scale={scale!r}"
+            f"{where}: `{name}` must be a finite number. "
+            f"Received: {name}={value!r}"
         )
-    return float(scale)
+    return float(value)
+
+
+def positive_integer(where: str, name: str, value) -> int:
+    """`value` as an int: a Python or NumPy integer of at least 1."""
+    if (
+        not isinstance(value, (int, np.integer))
+        or isinstance(value, (bool, np.bool_))
+        or value < 1
+    ):
+        raise ValueError(
+            f"{where}: `{name}` must be a positive integer. "
+            f"Received: {name}={value!r}"
+        )
+    return int(value)
 
 
 def check_length(where, name, length):

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._core.checks import positive_integer
 from keras_attention._kernels import runtime
 
 
@@ -50,41 +51,8 @@ def is_shared(leaf) -> bool:
     return not hasattr(leaf, "shape") or len(leaf.shape) == 0
 
 
-def positive_int(where, name, value) -> int:
-    """`value` as an int: a Python or NumPy integer of at least 1."""
-    if (
-        not isinstance(value, (int, np.integer))
-        or isinstance(value, (bool, np.bool_))
-        or value < 1
-    ):
-        raise ValueError(
-            f"{where}: `{name}` must be a positive integer. "
-            f"Received: {name}={value!r}"
-        )
-    return int(value)
-
-
 def check_max_length(name, max_length) -> int:
-    return positive_int(name, "max_length", max_length)
-
-
-def finite_float(where, name, value) -> float:
-    """`value` as a float: a Python or NumPy real number or a 0-d tensor
-    holding one, not NaN or infinite."""
-    if getattr(value, "shape", None) == () and not isinstance(
-        value, (np.generic, keras.KerasTensor)
-    ):
-        value = ops.convert_to_numpy(value)[()]  # a 0-d array or tensor
-    if (
-        not isinstance(value, (int, float, np.integer, np.floating))
-        or isinstance(value, (bool, np.bool_))
-        or not np.isfinite(value)
-    ):
-        raise ValueError(
-            f"{where}: `{name}` must be a finite number. "
-            f"Received: {name}={value!r}"
-        )
-    return float(value)
+    return positive_integer(name, "max_length", max_length)
 
 
 def check_batch_major(name, state, batch):

@@ -14,16 +14,16 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._core.checks import finite_number
+from keras_attention._core.checks import positive_integer
 from keras_attention._kernels import runtime
 from keras_attention.decoding import _compiled
 from keras_attention.decoding._common import call_step
 from keras_attention.decoding._common import check_batch_major
 from keras_attention.decoding._common import check_max_length
 from keras_attention.decoding._common import coverage_score
-from keras_attention.decoding._common import finite_float
 from keras_attention.decoding._common import is_shared
 from keras_attention.decoding._common import length_penalty as penalty
-from keras_attention.decoding._common import positive_int
 from keras_attention.decoding._common import without_gradients
 
 
@@ -126,11 +126,11 @@ def beam_search(
         [[1 0]]
     """
     max_length = check_max_length("beam_search", max_length)
-    beam_width = positive_int("beam_search", "beam_width", beam_width)
-    length_penalty = finite_float(
+    beam_width = positive_integer("beam_search", "beam_width", beam_width)
+    length_penalty = finite_number(
         "beam_search", "length_penalty", length_penalty
     )
-    coverage_penalty = finite_float(
+    coverage_penalty = finite_number(
         "beam_search", "coverage_penalty", coverage_penalty
     )
     start = np.asarray(ops.convert_to_numpy(start_ids)).astype("int32")

@@ -8,12 +8,12 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._core.checks import finite_number
+from keras_attention._core.checks import positive_integer
 from keras_attention.decoding import _compiled
 from keras_attention.decoding._common import call_step
 from keras_attention.decoding._common import check_max_length
-from keras_attention.decoding._common import finite_float
 from keras_attention.decoding._common import pad
-from keras_attention.decoding._common import positive_int
 from keras_attention.decoding._common import without_gradients
 
 
@@ -154,16 +154,16 @@ def sample(
 
 def _checked_sampling(temperature, top_k, top_p):
     """The sampling arguments as Python numbers, or a `ValueError`."""
-    temperature = finite_float("sample", "temperature", temperature)
+    temperature = finite_number("sample", "temperature", temperature)
     if temperature <= 0:
         raise ValueError(
             f"sample: `temperature` must be positive. "
             f"Received: temperature={temperature}"
         )
     if top_k is not None:
-        top_k = positive_int("sample", "top_k", top_k)
+        top_k = positive_integer("sample", "top_k", top_k)
     if top_p is not None:
-        top_p = finite_float("sample", "top_p", top_p)
+        top_p = finite_number("sample", "top_p", top_p)
         if not 0.0 < top_p <= 1.0:
             raise ValueError(
                 f"sample: `top_p` must be in (0, 1]. Received: top_p={top_p}"

@@ -14,7 +14,7 @@ from keras_attention import _core
 from keras_attention import _kernels
 from keras_attention._core import Structure
 from keras_attention._core.checks import check_flag
-from keras_attention._core.checks import checked_scale
+from keras_attention._core.checks import finite_number
 
 _FN = "scaled_dot_product_attention"
 
@@ -165,7 +165,8 @@ def scaled_dot_product_attention(
         score_mod=score_mod,
     )
     check_flag(_FN, "return_attention_scores", return_attention_scores)
-    scale = checked_scale(_FN, scale)
+    if scale is not None:
+        scale = finite_number(_FN, "scale", scale)
     segments = _segment_pair(segment_ids)
     if _any_symbolic(query, key, value, mask, *segments):
         _core.check_inputs(_FN, query, key, value, mask)

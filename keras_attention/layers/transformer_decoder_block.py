@@ -5,8 +5,8 @@ D model dim, N heads, K key/value heads, H head dim.
 """
 
 import keras
-import numpy as np
 
+from keras_attention._core.checks import positive_integer
 from keras_attention.layers import checks
 from keras_attention.layers import kv_cache
 from keras_attention.layers.cross_attention import CrossAttention
@@ -353,13 +353,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             )
         where = f"{type(self).__name__}.init_cache (layer '{self.name}')"
         if not hasattr(batch_size, "shape"):  # a traced batch is no int
-            checks.check_positive_int(
-                where,
-                "batch_size",
-                int(batch_size)
-                if isinstance(batch_size, np.integer)
-                else batch_size,
-            )
+            positive_integer(where, "batch_size", batch_size)
         checks.check_positive_int(where, "max_length", max_length)
         if dtype is not None and "float" not in keras.backend.standardize_dtype(
             dtype

@@ -77,19 +77,6 @@ def integers(where, name, x, rank):
     return x
 
 
-def positive_int(where, name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        value_ok = False
-    else:
-        value_ok = value >= 1
-    if not value_ok:
-        raise ValueError(
-            f"{where}: `{name}` must be a positive int. Received: "
-            f"{name}={value!r}"
-        )
-    return int(value)
-
-
 def callables(where, mods):
     if not mods or not all(callable(m) for m in mods):
         raise ValueError(

@@ -1,10 +1,10 @@
 """Block masks: a mask mod evaluated once into a map of blocks."""
 
 from keras_attention import _kernels
+from keras_attention._core.checks import positive_integer
 from keras_attention._core.mods import BlockTable
 from keras_attention._core.mods import check_mod_sizes
 from keras_attention.mods._common import callables
-from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
 
 
@@ -116,7 +116,7 @@ def block_mask(
     where = "block_mask"
     callables(where, (mask_mod,))
     sizes = [
-        positive_int(where, name, value)
+        positive_integer(where, name, value)
         for name, value in (
             ("batch_size", batch_size),
             ("num_heads", num_heads),

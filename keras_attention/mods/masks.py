@@ -11,6 +11,7 @@ from keras_attention._core import is_tensor
 from keras_attention._core import static_dim
 from keras_attention._core.builtins import Band
 from keras_attention._core.builtins import Segments
+from keras_attention._core.checks import positive_integer
 from keras_attention._core.mods import Combined
 from keras_attention._core.structure import window as check_window
 from keras_attention.mods._common import PACKAGE
@@ -19,7 +20,6 @@ from keras_attention.mods._common import callables
 from keras_attention.mods._common import check_rows
 from keras_attention.mods._common import check_shape
 from keras_attention.mods._common import integers
-from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
 
 
@@ -255,7 +255,7 @@ def prefix_lm(prefix_lengths):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class _Chunked(Configured):
     def __init__(self, chunk_size):
-        self.chunk_size = positive_int("chunked", "chunk_size", chunk_size)
+        self.chunk_size = positive_integer("chunked", "chunk_size", chunk_size)
 
     def __call__(self, batch, head, q_idx, kv_idx):
         batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
@@ -313,7 +313,7 @@ def chunked(chunk_size: int):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class _SinkTokens(Configured):
     def __init__(self, num_sinks):
-        self.num_sinks = positive_int("sink_tokens", "num_sinks", num_sinks)
+        self.num_sinks = positive_integer("sink_tokens", "num_sinks", num_sinks)
 
     def __call__(self, batch, head, q_idx, kv_idx):
         batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)

@@ -13,11 +13,11 @@ from keras_attention._core.builtins import Alibi
 from keras_attention._core.builtins import RelativeBias
 from keras_attention._core.builtins import SoftCap
 from keras_attention._core.checks import check_flag
+from keras_attention._core.checks import positive_integer
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import check_head_count
 from keras_attention.mods._common import check_heads
-from keras_attention.mods._common import positive_int
 from keras_attention.mods._common import tensors
 
 
@@ -67,7 +67,7 @@ def soft_cap(cap: float):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class _Alibi(Configured, Alibi):
     def __init__(self, num_heads):
-        super().__init__(positive_int("alibi", "num_heads", num_heads))
+        super().__init__(positive_integer("alibi", "num_heads", num_heads))
 
     def __call__(self, score, batch, head, q_idx, kv_idx):
         score, batch, head, q_idx, kv_idx = tensors(
@@ -215,8 +215,8 @@ def relative_position_bias(
         [[2. 1. 0. 5. 6.]]
     """
     where = "relative_position_bias"
-    num_buckets = positive_int(where, "num_buckets", num_buckets)
-    max_distance = positive_int(where, "max_distance", max_distance)
+    num_buckets = positive_integer(where, "num_buckets", num_buckets)
+    max_distance = positive_integer(where, "max_distance", max_distance)
     check_flag(where, "bidirectional", bidirectional)
     bidirectional = bool(bidirectional)
     check_buckets(where, num_buckets, max_distance, bidirectional)
@@ -281,8 +281,8 @@ def relative_position_bucket(
         [3 2 1 0 5 6 7]
     """
     where = "relative_position_bucket"
-    num_buckets = positive_int(where, "num_buckets", num_buckets)
-    max_distance = positive_int(where, "max_distance", max_distance)
+    num_buckets = positive_integer(where, "num_buckets", num_buckets)
+    max_distance = positive_integer(where, "max_distance", max_distance)
     check_flag(where, "bidirectional", bidirectional)
     check_buckets(where, num_buckets, max_distance, bidirectional)
     return _buckets(
