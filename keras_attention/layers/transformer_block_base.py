@@ -140,6 +140,28 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
 
+    def _check_built_dims(self, inputs, encoder_outputs=None):
+        """`inputs` (and `encoder_outputs`) have the feature dims the block
+        was built with, checked under its name (not a sublayer's)."""
+        attention = getattr(self, "cross_attention", None)
+        for name, tensor, expected in (
+            ("inputs", inputs, self.self_attention._input_dims["query"]),
+            (
+                "encoder_outputs",
+                encoder_outputs,
+                attention._input_dims["key"] if attention else None,
+            ),
+        ):
+            if tensor is None or expected is None:
+                continue
+            received = checks.static_dim(tensor.shape[-1])
+            if received is not None and received != expected:
+                raise ValueError(
+                    f"{self._where()}: `{name}` must have the feature dim "
+                    f"{expected} the block was built with. "
+                    f"Received: {name}.shape={tuple(tensor.shape)}"
+                )
+
     def _check_self_masks(
         self, inputs, padding_mask, attention_mask, segment_ids=None
     ):

@@ -397,6 +397,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         `segment_ids`, or `None`."""
         _, cross_cache = self._split_cache(cache)
         where = self._where()
+        self._check_built_dims(inputs, encoder_outputs)
         checks.check_source(
             where,
             getattr(self, "cross_attention", None) is not None,

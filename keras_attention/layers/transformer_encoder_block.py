@@ -130,6 +130,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
     ):
         if padding_mask is None:
             padding_mask = mask if mask is not None else inputs_mask
+        self._check_built_dims(inputs)
         self._check_self_masks(
             inputs, padding_mask, attention_mask, segment_ids
         )

@@ -1216,6 +1216,27 @@ CASES.update(
                 x(B, T, D), x(B, S, 7)
             ),
         ),
+        "encoder-dim-after-build": (
+            ENC,
+            "inputs",
+            lambda: built(ka.TransformerEncoderBlock(2, 16), x(B, T, D))(
+                x(B, T, 6)
+            ),
+        ),
+        "decoder-dim-after-build": (
+            DEC,
+            "inputs",
+            lambda: built(
+                ka.TransformerDecoderBlock(2, 16), x(B, T, D), x(B, S, 6)
+            )(x(B, T, 4), x(B, S, 6)),
+        ),
+        "decoder-encoder-dim-after-build": (
+            DEC,
+            "encoder_outputs",
+            lambda: built(
+                ka.TransformerDecoderBlock(2, 16), x(B, T, D), x(B, S, 6)
+            )(x(B, T, D), x(B, S, 7)),
+        ),
         "learned-dim-after-build": (
             "PositionEmbedding",
             "inputs",
