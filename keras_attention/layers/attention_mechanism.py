@@ -86,11 +86,7 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(
-                f"{self._where()}: `dropout` must be in [0, 1). "
-                f"Received: dropout={dropout}"
-            )
+        checks.check_dropout(self._where(), dropout)
         self.dropout = dropout
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True

@@ -7,6 +7,7 @@ from keras import ops
 from keras_attention import _core
 from keras_attention import functional
 from keras_attention._core.checks import check_flag as check_flag
+from keras_attention._core.checks import real_number
 from keras_attention._kernels import static_dim
 from keras_attention._kernels import static_int
 
@@ -93,9 +94,15 @@ def check_head_arguments(
         alibi=alibi,
         logit_soft_cap=logit_soft_cap,
     )  # checks the structural arguments
-    if not 0.0 <= dropout < 1.0:
+    check_dropout(where, dropout)
+
+
+def check_dropout(where: str, dropout):
+    """`dropout` is a rate: a real number in [0, 1)."""
+    if not (real_number(dropout) and 0.0 <= dropout < 1.0):
         raise ValueError(
-            f"{where}: `dropout` must be in [0, 1). Received: dropout={dropout}"
+            f"{where}: `dropout` must be a number in [0, 1). "
+            f"Received: dropout={dropout!r}"
         )
 
 

@@ -183,6 +183,16 @@ CASES = {
         "dropout",
         lambda: ka.BahdanauAttention(4, dropout=1.0),
     ),
+    "bahdanau-dropout-string": (
+        "BahdanauAttention",
+        "dropout='0.1'",
+        lambda: ka.BahdanauAttention(4, dropout="0.1"),
+    ),
+    "monotonic-dropout-none": (
+        "MonotonicAttention",
+        "dropout=None",
+        lambda: ka.MonotonicAttention(4, dropout=None),
+    ),
     "bahdanau-query-rank": (
         "BahdanauAttention",
         "query",
@@ -460,6 +470,16 @@ CASES = {
     ),
     # MultiHeadSelfAttention
     "mhsa-heads-0": (MHSA, "num_heads", lambda: ka.MultiHeadSelfAttention(0)),
+    "mhsa-dropout-string": (
+        MHSA,
+        "dropout='0.1'",
+        lambda: ka.MultiHeadSelfAttention(2, dropout="0.1"),
+    ),
+    "encoder-dropout-nan": (
+        ENC,
+        "dropout=nan",
+        lambda: ka.TransformerEncoderBlock(2, 8, dropout=float("nan")),
+    ),
     "mhsa-heads-float": (
         MHSA,
         "num_heads",
