@@ -127,8 +127,10 @@ class TranslatorBase:
         return [self.target_vocab.decode(row) for row in _numpy(ids)]
 
     def evaluate(self, pairs, beam_width, length_penalty, batch_size=500):
-        """Exact match, BLEU and chrF of greedy and beam search."""
-        references = [t for _, t in pairs]
+        """Exact match, BLEU and chrF of greedy and beam search, against
+        the references as the target vocabulary writes text (word tokens
+        joined by spaces), the form the decoded translations take."""
+        references = [self.target_vocab.tokenized(t) for _, t in pairs]
         results = {}
         for name, decode in (
             ("greedy", self.greedy),

@@ -43,11 +43,7 @@ def plot_attention(
         >>> figure.axes[0].get_title()
         'identity'
     """
-    try:
-        import matplotlib
-
-        if ax is None:
-            matplotlib.use("Agg", force=False)
+    try:  # pyplot keeps the user's backend (headless, it picks Agg)
         import matplotlib.pyplot as plt
     except ImportError as error:  # pragma: no cover - depends on the extra
         raise ImportError(

@@ -18,6 +18,9 @@ import random
 
 import numpy as np
 
+from keras_attention.datasets._checks import check_integer
+from keras_attention.datasets._checks import speller
+
 
 @dataclasses.dataclass(frozen=True)
 class AlignedPair:
@@ -90,17 +93,11 @@ def load_spelled_digits(
         (0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2)
     """
     where = "load_spelled_digits"
-    for name, value, low in (
-        ("num_examples", num_examples, 1),
-        ("min_length", min_length, 1),
-        ("max_length", max_length, min_length),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(
-                f"{where}: `{name}` must be an integer >= {low!r}. "
-                f"Received: {name}={value!r}"
-            )
-    names = _digit_names(language)
+    check_integer(where, "num_examples", num_examples, 1)
+    check_integer(where, "min_length", min_length, 1)
+    check_integer(where, "max_length", max_length, min_length)
+    spell = speller(where, "language", language)
+    names = [spell(digit) for digit in range(10)]
     rng = random.Random(seed)
     pairs = []
     for _ in range(num_examples):
@@ -167,6 +164,12 @@ def alignment_error_rate(weights, alignments, target_mask=None) -> float:
             f"Received: weights.shape={weights.shape}, "
             f"alignments.shape={alignments.shape}"
         )
+    if weights.dtype.kind not in "biuf" or not np.all(np.isfinite(weights)):
+        raise ValueError(
+            f"{where}: `weights` must be finite numbers (a diverged model's "
+            "NaN attention peaks nowhere). Received: weights with "
+            f"{_non_finite(weights)}"
+        )
     if not np.issubdtype(alignments.dtype, np.integer):
         raise ValueError(
             f"{where}: `alignments` must hold integer source indices. "
@@ -203,13 +206,7 @@ def alignment_error_rate(weights, alignments, target_mask=None) -> float:
     return float(wrong.sum() / count)
 
 
-def _digit_names(language):
-    from num2words import num2words
-
-    try:
-        return [num2words(digit, lang=language) for digit in range(10)]
-    except (NotImplementedError, KeyError) as error:
-        raise ValueError(
-            "load_spelled_digits: `language` must be a num2words language "
-            f"code such as 'en'. Received: language={language!r}"
-        ) from error
+def _non_finite(weights) -> str:
+    if weights.dtype.kind not in "biuf":
+        return f"dtype={weights.dtype}"
+    return f"{int(np.sum(~np.isfinite(weights)))} non-finite values"

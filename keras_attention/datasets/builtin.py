@@ -8,6 +8,8 @@ languages, with no download. Both need the `[examples]` extra.
 import datetime
 import random
 
+from keras_attention.datasets._checks import check_integer
+from keras_attention.datasets._checks import speller
 from keras_attention.datasets.parallel_corpus import ParallelCorpus
 
 DATE_LOCALES = ("en_US", "de_DE", "fr_FR", "es_ES", "it_IT", "nl_NL")
@@ -44,8 +46,33 @@ def load_dates(
         >>> len(target), target[4], target[7]
         (10, '-', '-')
     """
+    from babel import Locale
+    from babel import UnknownLocaleError
     from babel.dates import format_date
 
+    where = "load_dates"
+    check_integer(where, "num_examples", num_examples, 1)
+    check_integer(where, "first_year", first_year, datetime.MINYEAR)
+    check_integer(where, "last_year", last_year, first_year)
+    if last_year > datetime.MAXYEAR:
+        raise ValueError(
+            f"{where}: `last_year` must be at most {datetime.MAXYEAR}. "
+            f"Received: last_year={last_year!r}"
+        )
+    if isinstance(locales, str) or not locales:
+        raise ValueError(
+            f"{where}: `locales` must be a non-empty sequence of locale "
+            f"names such as ('de_DE',). Received: locales={locales!r}"
+        )
+    for locale in locales:
+        try:
+            Locale.parse(locale)
+        except (UnknownLocaleError, ValueError, TypeError) as error:
+            raise ValueError(
+                f"{where}: `locales` must hold CLDR locale names such as "
+                f"'de_DE'. Received: {locale!r} in locales={locales!r}"
+            ) from error
+    locales = tuple(locales)
     rng = random.Random(seed)
     first = datetime.date(first_year, 1, 1).toordinal()
     last = datetime.date(last_year, 12, 31).toordinal()
@@ -87,20 +114,20 @@ def load_numbers(
         >>> pairs["vierundzwanzig"]
         'twenty-four'
     """
-    from num2words import num2words
-
-    def spell(number, language):
-        if language == "digits":
-            return str(number)
-        return num2words(number, lang=language)
-
+    where = "load_numbers"
+    check_integer(where, "num_examples", num_examples, 1)
+    check_integer(where, "max_value", max_value, 0)
+    spell_source = speller(where, "source_language", source_language)
+    spell_target = (
+        str
+        if target_language == "digits"
+        else speller(where, "target_language", target_language)
+    )
     rng = random.Random(seed)
     pairs = []
     for _ in range(num_examples):
         number = rng.randint(0, max_value)
-        pairs.append(
-            (spell(number, source_language), spell(number, target_language))
-        )
+        pairs.append((spell_source(number), spell_target(number)))
     return ParallelCorpus.from_pairs(
         f"numbers-{source_language}-{target_language}", pairs, seed=seed
     )
@@ -113,7 +140,8 @@ def load_tsv(path, seed: int = 0, max_pairs=None) -> ParallelCorpus:
     and malformed lines.
 
     Args:
-        path (str | os.PathLike): A UTF-8 text file.
+        path (str | os.PathLike): A UTF-8 text file (with or without a
+            byte-order mark).
         seed: Split seed.
         max_pairs (int | None): Keep the first `max_pairs` lines.
 
@@ -129,14 +157,17 @@ def load_tsv(path, seed: int = 0, max_pairs=None) -> ParallelCorpus:
         >>> sorted(corpus.train + corpus.validation + corpus.test)
         [('Go.', 'Va !'), ('Hi.', 'Salut !')]
     """
+    if max_pairs is not None:
+        check_integer("load_tsv", "max_pairs", max_pairs, 1)
     pairs = []
-    with open(path, encoding="utf-8") as handle:
+    # utf-8-sig: a byte-order mark, as some editors write, is not text.
+    with open(path, encoding="utf-8-sig") as handle:
         for line in handle:
+            if max_pairs is not None and len(pairs) >= max_pairs:
+                break
             columns = line.rstrip("\n").split("\t")
             if len(columns) >= 2 and columns[0].strip() and columns[1].strip():
                 pairs.append((columns[0].strip(), columns[1].strip()))
-            if max_pairs is not None and len(pairs) >= max_pairs:
-                break
     if not pairs:
         raise ValueError(
             "load_tsv: no `source<TAB>target` line found. "

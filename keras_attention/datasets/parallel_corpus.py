@@ -42,15 +42,19 @@ class ParallelCorpus:
                 For a repeated source the first pair is kept.
             seed: Shuffling seed; the same seed gives the same splits.
             fractions (tuple[float, float, float]): `(train, validation,
-                test)` fractions summing to 1.
+                test)` fractions in [0, 1] summing to 1.
 
         Returns:
             A `ParallelCorpus`.
         """
-        if len(fractions) != 3 or abs(sum(fractions) - 1.0) > 1e-6:
+        if (
+            len(fractions) != 3
+            or not all(0.0 <= f <= 1.0 for f in fractions)
+            or abs(sum(fractions) - 1.0) > 1e-6
+        ):
             raise ValueError(
-                "ParallelCorpus: `fractions` must be three numbers summing "
-                f"to 1. Received: fractions={fractions}"
+                "ParallelCorpus: `fractions` must be three numbers in [0, 1] "
+                f"summing to 1. Received: fractions={fractions}"
             )
         unique = {}
         for source, target in pairs:

@@ -111,36 +111,82 @@ class Vocabulary:
         Args:
             texts (list[str]): The texts to encode.
             max_length (int | None): Pad or cut to this length. Defaults to
-                the longest encoded text.
+                the longest encoded text. A cut text keeps its `<end>`
+                (with `add_end`), so a model trained on it still learns to
+                stop.
             add_start (bool): Prepend `<start>`.
             add_end (bool): Append `<end>`.
         """
+        if isinstance(texts, str):
+            raise ValueError(
+                "Vocabulary.encode: `texts` must be a list of texts, not one "
+                f"string. Received: texts={texts!r}"
+            )
+        if max_length is not None and (
+            not isinstance(max_length, (int, np.integer))
+            or isinstance(max_length, bool)
+            or max_length < 1
+        ):
+            raise ValueError(
+                "Vocabulary.encode: `max_length` must be a positive integer "
+                f"or None. Received: max_length={max_length!r}"
+            )
         unk = self.index[self.UNK]
         rows = []
         for text in texts:
             ids = [self.index.get(t, unk) for t in self.split(text)]
             if add_start:
                 ids = [self.start_id, *ids]
+            if max_length is not None and len(ids) + add_end > max_length:
+                ids = ids[: max_length - add_end]
             if add_end:
                 ids = [*ids, self.end_id]
             rows.append(ids)
         length = max_length or max((len(r) for r in rows), default=0)
         out = np.zeros((len(rows), length), "int32")
         for i, ids in enumerate(rows):
-            ids = ids[:length]
             out[i, : len(ids)] = ids
         return out
 
     def decode(self, ids) -> str:
-        """Text of an id sequence, stopping at `<end>`, skipping specials."""
+        """Text of an id sequence, stopping at `<end>`, skipping specials.
+
+        Word tokens are joined by spaces, so `decode` gives a text's
+        tokens, not its spacing: compare it with `tokenized(text)`.
+        """
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise ValueError(
+                "Vocabulary.decode: `ids` must be one sequence of integer "
+                f"ids. Received: ids.shape={ids.shape}, ids.dtype={ids.dtype}"
+            )
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self.tokens)):
+            raise ValueError(
+                f"Vocabulary.decode: `ids` must be in [0, {len(self.tokens)})"
+                f". Received: ids in [{ids.min()}, {ids.max()}]"
+            )
         out = []
-        for i in np.asarray(ids).tolist():
+        for i in ids.tolist():
             if i == self.end_id:
                 break
             if i >= 4:
                 out.append(self.tokens[i])
-        joiner = "" if self.tokenizer == "char" else " "
-        return joiner.join(out)
+        return self._join(out)
+
+    def tokenized(self, text: str) -> str:
+        """`text` as `decode` writes a text: its tokens, joined by spaces
+        for word tokens (unknown tokens kept). Score decoded translations
+        against `tokenized(reference)`.
+
+        Examples:
+            >>> vocab = Vocabulary(["Salut"])
+            >>> vocab.tokenized("C'est moi.")
+            "C ' est moi ."
+        """
+        return self._join(self.split(text))
+
+    def _join(self, tokens) -> str:
+        return ("" if self.tokenizer == "char" else " ").join(tokens)
 
     def get_config(self):
         return {"tokens": self.tokens[4:], "tokenizer": self.tokenizer}

@@ -104,3 +104,18 @@ def test_save_figure_writes_what_the_keys_show(tmp_path):
         plt.close(fig)
     expected = "legend: may attend, masked out; colour bar: weight"
     assert written == {"keyed": (expected, expected), "plain": ("", "")}
+
+
+def test_plot_attention_keeps_the_users_matplotlib_backend():
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # not the Agg it used to switch to
+    try:
+        figure = plot_attention(np.eye(2), ["a", "b"], ["A", "B"])
+        assert matplotlib.get_backend() == "svg"
+        assert plt.fignum_exists(figure.number)  # plt.show() would show it
+        plt.close(figure)
+    finally:
+        matplotlib.use(before)

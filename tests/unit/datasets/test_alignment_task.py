@@ -117,6 +117,7 @@ BAD_INPUTS = {
     r"in \[0, 4\]": ((1, 2, 4), np.array([[0, 4]]), None),
     r"in \[-2, 0\]": ((1, 2, 4), np.array([[-2, 0]]), None),
     "no target token": ((1, 2, 4), np.array([[-1, -1]]), None),
+    "1 non-finite values": ((1, 2, 4), np.array([[0, 1]]), "nan"),
     r"target_mask.shape=\(2, 1\)": (
         (1, 2, 4),
         np.array([[0, 1]]),
@@ -128,8 +129,11 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("match", BAD_INPUTS)
 def test_error_rate_bad_inputs(match):
     shape, references, mask = BAD_INPUTS[match]
+    weights = np.zeros(shape)
+    if isinstance(mask, str):  # one NaN weight: no alignment can be read
+        weights.flat[3], mask = np.nan, None
     with pytest.raises(ValueError, match=rf"alignment_error_rate.*{match}"):
-        datasets.alignment_error_rate(np.zeros(shape), references, mask)
+        datasets.alignment_error_rate(weights, references, mask)
 
 
 def test_docstring_examples_run():
