@@ -22,6 +22,7 @@ import keras
 from keras import ops
 
 from keras_attention._core.checks import static_dim
+from keras_attention._core.positions import steps
 
 # What each kind of mod is called with.
 SIGNATURES = {
@@ -159,10 +160,13 @@ def grid(batch, heads, rows, cols):
     """The index tensors `(batch (B, 1, 1, 1), head (1, N, 1, 1), q_idx
     (1, 1, R, 1), kv_idx (1, 1, 1, C))`, int32, for `rows` `(R,)` and
     `cols` `(C,)` (absolute query and key indices)."""
-    batch = ops.reshape(ops.arange(0, batch, dtype="int32"), (-1, 1, 1, 1))
-    head = ops.reshape(ops.arange(0, heads, dtype="int32"), (1, -1, 1, 1))
-    q_idx = ops.reshape(ops.cast(rows, "int32"), (1, 1, -1, 1))
-    kv_idx = ops.reshape(ops.cast(cols, "int32"), (1, 1, 1, -1))
+    # `steps` and indexing with None, not `arange` and a reshape to -1:
+    # an exporter with symbolic sizes (jax2onnx) can neither infer a -1
+    # from a dynamic batch nor relate an `arange` of it to the input.
+    batch = ops.cast(steps(batch), "int32")[:, None, None, None]
+    head = ops.cast(steps(heads), "int32")[None, :, None, None]
+    q_idx = ops.cast(rows, "int32")[None, None, :, None]
+    kv_idx = ops.cast(cols, "int32")[None, None, None, :]
     return batch, head, q_idx, kv_idx
 
 

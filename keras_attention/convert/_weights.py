@@ -87,6 +87,7 @@ def refuse_structure(where, layer, block=False):
         "alibi": False,
         "logit_soft_cap": None,
         "use_qk_norm": False,
+        "score_mod": None,
     }
     if block:
         unsupported.update(

@@ -147,7 +147,8 @@ def replace_transformer_layers(backbone: keras.Model) -> keras.Model:
     backbone's inputs and outputs (not an instance of the backbone's
     class: its config describes keras-hub's layers) that gives the same
     outputs. keras-hub's decoder call arguments are renamed
-    (`decoder_padding_mask` to `padding_mask`); BERT's `segment_ids`, which
+    (`decoder_sequence` to `inputs`, `encoder_sequence` to
+    `encoder_outputs`, `decoder_padding_mask` to `padding_mask`); BERT's `segment_ids`, which
     are token types, stay with its segment embedding and never reach our
     `segment_ids` (packed sequences).
 
@@ -157,7 +158,8 @@ def replace_transformer_layers(backbone: keras.Model) -> keras.Model:
 
     Args:
         backbone (keras.Model): A built functional model, such as
-            `keras_hub.models.GPT2Backbone` or `BertBackbone`.
+            `keras_hub.models.GPT2Backbone`, `BertBackbone` or
+            `BartBackbone`.
 
     Returns:
         keras.Model: The functional model with our blocks.
@@ -377,6 +379,17 @@ def _decoder_call(layer, args, kwargs):
             f"{where}: pass the decoder's masks by name. Received: "
             f"{len(args)} positional arguments"
         )
+    kwargs = dict(kwargs)
+    # BART passes the two sequences by name.
+    for position, name in enumerate(("decoder_sequence", "encoder_sequence")):
+        if name in kwargs:
+            if len(args) != position:
+                raise ValueError(
+                    f"{where}: keras-hub's `{name}` is given twice or out "
+                    f"of order. Received: {len(args)} positional arguments "
+                    f"and {name}"
+                )
+            args = (*args, kwargs.pop(name))
     renamed = {}
     for name, value in kwargs.items():
         if name not in _DECODER_ARGUMENTS:

@@ -226,6 +226,12 @@ def add_lora(
             f"{where}: `enable_lora` needs a built layer (call it once or "
             "call `build`). Received: an unbuilt layer"
         )
+    if not projections:
+        raise ValueError(
+            f"{where}: the layer has no projections for LoRA to adapt "
+            "(Luong's dot score has no weights). Received: "
+            f"targets={targets!r} on a layer with none"
+        )
     if not (isinstance(rank, int) and not isinstance(rank, bool) and rank > 0):
         raise ValueError(
             f"{where}: `rank` must be a positive integer. "

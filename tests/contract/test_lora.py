@@ -283,5 +283,8 @@ def test_rnn_attention_lora_adapts_every_projection(kind, adapted, tmp_path):
 def test_luong_dot_has_no_projection_to_adapt():
     layer = ka.LuongAttention("dot")
     layer.build((B, T, D), (B, S, D))
-    with pytest.raises(ValueError, match="LuongAttention.*targets"):
+    message = r"LuongAttention.*has no projections for LoRA.*targets=\(\)"
+    with pytest.raises(ValueError, match=message):
         layer.enable_lora(2)
+    with pytest.raises(ValueError, match="has no projections for LoRA"):
+        layer.enable_lora(2, targets="query_dense")

@@ -6,10 +6,12 @@ import pytest
 
 from keras_attention import CrossAttention
 from keras_attention import MultiHeadSelfAttention
+from keras_attention import RelativePositionBias
 from keras_attention import TransformerDecoderBlock
 from keras_attention import TransformerEncoderBlock
 from keras_attention import convert
 from keras_attention import decoding
+from keras_attention import mods
 from tests.helpers import rng
 from tests.helpers import to_numpy
 
@@ -322,6 +324,18 @@ def test_from_keras_warns_about_regularizers():
         (MultiHeadSelfAttention(2, sliding_window=3), "sliding_window=3"),
         (MultiHeadSelfAttention(2, alibi=True), "alibi=True"),
         (
+            MultiHeadSelfAttention(2, score_mod=mods.soft_cap(0.5)),
+            r"score_mod=soft_cap\(0.5\)",
+        ),
+        (
+            MultiHeadSelfAttention(2, score_mod=RelativePositionBias()),
+            "score_mod=<RelativePositionBias",
+        ),
+        (
+            TransformerEncoderBlock(2, F, score_mod=mods.soft_cap(0.5)),
+            "score_mod=soft_cap",
+        ),
+        (
             MultiHeadSelfAttention(
                 2, key_dim=4, value_dim=2, num_key_value_heads=1
             ),  # fmt: skip
@@ -400,6 +414,22 @@ def test_bert_backbone_with_our_blocks():
     want, got = backbone(inputs), ours(inputs)
     assert_close(got["sequence_output"], want["sequence_output"])
     assert_close(got["pooled_output"], want["pooled_output"])
+
+
+def test_bart_backbone_with_our_blocks():
+    """BART calls its decoders with the sequences by name
+    (`decoder_sequence=`, `encoder_sequence=`)."""
+    backbone = hub.models.BartBackbone(**CONFIG)
+    ours = convert.replace_transformer_layers(backbone)
+    kinds = {type(layer) for layer in ours.layers}
+    assert {TransformerEncoderBlock, TransformerDecoderBlock} <= kinds
+    encoder, decoder = backbone_inputs(16), backbone_inputs(17)
+    inputs = {f"encoder_{k}": v for k, v in encoder.items()}
+    inputs.update({f"decoder_{k}": v for k, v in decoder.items()})
+    inputs["encoder_padding_mask"] = padding(8, (None, 5)).astype("int32")
+    want, got = backbone(inputs), ours(inputs)
+    for name in ("encoder_sequence_output", "decoder_sequence_output"):
+        assert_close(got[name], want[name])
 
 
 def gpt2_step_fn(model):
