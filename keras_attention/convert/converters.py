@@ -148,9 +148,9 @@ def replace_transformer_layers(backbone: keras.Model) -> keras.Model:
     class: its config describes keras-hub's layers) that gives the same
     outputs. keras-hub's decoder call arguments are renamed
     (`decoder_sequence` to `inputs`, `encoder_sequence` to
-    `encoder_outputs`, `decoder_padding_mask` to `padding_mask`); BERT's `segment_ids`, which
-    are token types, stay with its segment embedding and never reach our
-    `segment_ids` (packed sequences).
+    `encoder_outputs`, `decoder_padding_mask` to `padding_mask`); BERT's
+    `segment_ids`, which are token types, stay with its segment embedding
+    and never reach our `segment_ids` (packed sequences).
 
     For incremental decoding, call the blocks (`model.get_layer(name)`)
     with `cache` and `cache_index` in a step function for

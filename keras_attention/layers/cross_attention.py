@@ -123,12 +123,12 @@ class CrossAttention(MultiHeadCore):
         key=None,
         value_mask=None,
         attention_mask=None,
-        cache=None,
         return_attention_scores: bool = False,
+        training=None,
+        cache=None,
         segment_ids=None,
         mask_mod=None,
         score_mod=None,
-        training=None,
         start_index=0,
     ):
         batch, length = query.shape[0], query.shape[1]
@@ -204,12 +204,12 @@ class CrossAttention(MultiHeadCore):
         key=None,
         value_mask=None,
         attention_mask=None,
-        cache=None,
         return_attention_scores=False,
+        training=None,
+        cache=None,
         segment_ids=None,
         mask_mod=None,
         score_mod=None,
-        training=None,
         start_index=0,
     ):
         outputs = keras.KerasTensor(query.shape, dtype=self.compute_dtype)

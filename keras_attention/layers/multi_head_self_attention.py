@@ -247,10 +247,10 @@ class MultiHeadSelfAttention(MultiHeadCore):
         return_attention_scores: bool = False,
         cache=None,
         cache_index=None,
+        training=None,
         segment_ids=None,
         mask_mod=None,
         score_mod=None,
-        training=None,
         mask=None,
         inputs_mask=None,
     ):
@@ -322,10 +322,10 @@ class MultiHeadSelfAttention(MultiHeadCore):
         return_attention_scores=False,
         cache=None,
         cache_index=None,
+        training=None,
         segment_ids=None,
         mask_mod=None,
         score_mod=None,
-        training=None,
         mask=None,
         inputs_mask=None,
     ):

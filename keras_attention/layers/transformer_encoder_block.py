@@ -121,10 +121,10 @@ class TransformerEncoderBlock(TransformerBlockBase):
         padding_mask=None,
         attention_mask=None,
         return_attention_scores: bool = False,
+        training=None,
         segment_ids=None,
         mask_mod=None,
         score_mod=None,
-        training=None,
         mask=None,
         inputs_mask=None,
     ):
@@ -170,10 +170,10 @@ class TransformerEncoderBlock(TransformerBlockBase):
         padding_mask=None,
         attention_mask=None,
         return_attention_scores=False,
+        training=None,
         segment_ids=None,
         mask_mod=None,
         score_mod=None,
-        training=None,
         mask=None,
         inputs_mask=None,
     ):

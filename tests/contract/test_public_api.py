@@ -344,3 +344,37 @@ def test_only_the_kernels_package_touches_a_backend():
             continue
         source = path.read_text(encoding="utf-8")
         assert not backend_import.search(source), path
+
+
+# DESIGN.md's call signatures, in order; arguments added later follow them,
+# so a positional call written against the contract keeps its meaning.
+CONTRACT_CALLS = {
+    keras_attention.MultiHeadSelfAttention: (
+        "inputs", "padding_mask", "attention_mask", "use_causal_mask",
+        "return_attention_scores", "cache", "cache_index", "training",
+    ),
+    keras_attention.CrossAttention: (
+        "query", "value", "key", "value_mask", "attention_mask",
+        "return_attention_scores", "training",
+    ),
+    keras_attention.TransformerEncoderBlock: (
+        "inputs", "padding_mask", "attention_mask", "return_attention_scores",
+        "training",
+    ),
+    keras_attention.TransformerDecoderBlock: (
+        "inputs", "encoder_outputs", "padding_mask", "encoder_padding_mask",
+        "attention_mask", "use_causal_mask", "cache", "cache_index",
+        "return_attention_scores", "training",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "cls", CONTRACT_CALLS, ids=[c.__name__ for c in CONTRACT_CALLS]
+)
+def test_call_arguments_keep_the_contracts_order(cls):
+    contract = CONTRACT_CALLS[cls]
+    call = list(inspect.signature(cls.call).parameters)[1:]
+    assert tuple(call[: len(contract)]) == contract
+    spec = list(inspect.signature(cls.compute_output_spec).parameters)[1:]
+    assert spec == call

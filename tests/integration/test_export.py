@@ -25,8 +25,8 @@ from pathlib import Path
 
 import keras
 import numpy as np
-from keras import ops
 import pytest
+from keras import ops
 
 import keras_attention as ka
 from keras_attention import decoding
