@@ -20,13 +20,17 @@ B, T, S, D, N = 2, 5, 4, 8, 2
 
 # Error bound: max |quantized - float32| / max |float32| over the outputs.
 # int8 keeps 8 bits per kernel column and per token of the activations, a
-# relative error of ~2^-7 per projection; through the ~20 projections in
-# series of this random, untrained model the measured error is ~1.3%,
-# so 5% leaves a margin for the backends' rounding. Keras's float8 is
-# FP8 training with delayed scaling: its scales start at 1 and are only
-# calibrated by training steps, so uncalibrated inference is coarse
-# (measured 16-34%): the bound only catches a broken conversion.
-TOLERANCE = {"int8": 0.05, "float8": 0.5}
+# relative error of ~2^-7 per projection (0.2-0.4% measured for one
+# projection). Through the ~20 projections in series of this random,
+# untrained model the errors compound: 1.6% on PyTorch, 1.8% on JAX and
+# 4.9% on TensorFlow, whose seed draws other weights (quantizing the
+# encoder block alone gives 0.5% at its output on every backend, and 4.6%
+# at the model's on TensorFlow). 8% leaves a margin and still catches a
+# broken conversion, whose error is of the order of the outputs. Keras's
+# float8 is FP8 training with delayed scaling: its scales start at 1 and
+# are only calibrated by training steps, so uncalibrated inference is
+# coarse (measured 11-37%): the bound only catches a broken conversion.
+TOLERANCE = {"int8": 0.08, "float8": 0.5}
 
 
 def _is_projection(layer):
