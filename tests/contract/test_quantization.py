@@ -24,7 +24,7 @@ B, T, S, D, N = 2, 5, 4, 8, 2
 # projection). Through the ~20 projections in series of this random,
 # untrained model the errors compound: 1.6% on PyTorch, 1.8% on JAX and
 # 4.9% on TensorFlow, whose seed draws other weights (quantizing the
-# encoder block alone gives 0.5% at its output on every backend, and 4.6%
+# encoder block alone gives 0.5% at its output on TensorFlow and JAX, 4.6%
 # at the model's on TensorFlow). 8% leaves a margin and still catches a
 # broken conversion, whose error is of the order of the outputs. Keras's
 # float8 is FP8 training with delayed scaling: its scales start at 1 and
