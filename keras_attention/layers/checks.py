@@ -106,6 +106,17 @@ def check_dropout(where: str, dropout):
         )
 
 
+def check_built_dim(where: str, name: str, tensor, expected: int):
+    """`tensor`'s last dim, where known, is the `expected` one a layer was
+    built with."""
+    received = static_dim(tensor.shape[-1])
+    if received is not None and received != expected:
+        raise ValueError(
+            f"{where}: `{name}` must have the feature dim {expected} it was "
+            f"built with. Received: {name}.shape={tuple(tensor.shape)}"
+        )
+
+
 def check_integer_scalar(where: str, name: str, value):
     """`value` must be one integer: an int, a NumPy integer or a 0-d
     integer array or tensor (traced or not)."""

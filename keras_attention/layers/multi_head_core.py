@@ -309,14 +309,9 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
 
     def _check_input_dim(self, projection, name, tensor):
         """`tensor` has the feature dim its projection was built for."""
-        expected = self._input_dims[projection]
-        received = checks.static_dim(tensor.shape[-1])
-        if received is not None and received != expected:
-            raise ValueError(
-                f"{self._where()}: `{name}` must have the feature dim "
-                f"{expected} the layer was built with. "
-                f"Received: {name}.shape={tuple(tensor.shape)}"
-            )
+        checks.check_built_dim(
+            self._where(), name, tensor, self._input_dims[projection]
+        )
 
     def _project_query(self, query, name="query"):
         self._check_input_dim("query", name, query)

@@ -87,13 +87,9 @@ class PositionEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         where = f"PositionEmbedding (layer '{self.name}')"
-        dim = checks.static_dim(inputs.shape[-1])
-        if dim is not None and dim != self.embeddings.shape[-1]:
-            raise ValueError(
-                f"{where}: `inputs` must have the feature dim "
-                f"{self.embeddings.shape[-1]} of the table it was built with. "
-                f"Received: inputs.shape={tuple(inputs.shape)}"
-            )
+        checks.check_built_dim(
+            where, "inputs", inputs, self.embeddings.shape[-1]
+        )
         checks.check_start_index(where, start_index)
         positions = checks.explicit_positions(
             where, inputs, positions, segment_ids, start_index

@@ -152,15 +152,8 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
                 attention._input_dims["key"] if attention else None,
             ),
         ):
-            if tensor is None or expected is None:
-                continue
-            received = checks.static_dim(tensor.shape[-1])
-            if received is not None and received != expected:
-                raise ValueError(
-                    f"{self._where()}: `{name}` must have the feature dim "
-                    f"{expected} the block was built with. "
-                    f"Received: {name}.shape={tuple(tensor.shape)}"
-                )
+            if tensor is not None and expected is not None:
+                checks.check_built_dim(self._where(), name, tensor, expected)
 
     def _check_self_masks(
         self, inputs, padding_mask, attention_mask, segment_ids=None
