@@ -88,6 +88,12 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         encoder_outputs (Tensor): Shape `(B, S, De)`, the states $h_j$.
         encoder_padding_mask (Tensor): Shape `(B, S)`, boolean. Defaults to the
             Keras mask of `encoder_outputs`.
+        mask (Tensor): Shape `(B, T)`, boolean: the Keras mask of `inputs`
+            (from `Embedding(mask_zero=True)`, say), filled in by Keras. As
+            in Keras's RNN layers, a masked step keeps the state and
+            repeats the previous output (its alignment row is zeros), so
+            padding before or after the tokens leaves the real steps'
+            outputs unchanged.
         initial_state (list[Tensor] | None): Cell states, e.g. the encoder's
             final state. Defaults to zeros.
         return_attention_scores (bool): Also return the alignment history
@@ -233,10 +239,16 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         return_attention_scores: bool = False,
         training=None,
         encoder_outputs_mask=None,
+        mask=None,
+        inputs_mask=None,
     ):
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_outputs_mask
+        target_mask = mask if mask is not None else inputs_mask
         self._check_inputs("inputs", inputs, encoder_outputs)
+        checks.check_mask(
+            self._where(), "inputs_mask", target_mask, tuple(inputs.shape[:2])
+        )
         checks.check_mask(
             self._where(),
             "encoder_padding_mask",
@@ -257,6 +269,8 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         }
 
         steps = {"inputs": ops.transpose(inputs, (1, 0, 2))}  # (T, B, E)
+        if target_mask is not None:  # (T, B): padding steps change nothing
+            steps["real"] = ops.transpose(ops.cast(target_mask, "bool"))
         if training:
             # Drawn here, not in the loop: a seed drawn inside the scan
             # would leave the trace on JAX.
@@ -266,6 +280,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             )  # dropout masks, score noise: (T, B, S) each
 
         def scan_step(carry, step_inputs):
+            previous = carry
             state = {k: carry[k] for k in state_keys}
             output, new_state, alignment = self._step(
                 step_inputs["inputs"],
@@ -282,6 +297,18 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             carry = keras.tree.map_structure(
                 lambda new, old: ops.cast(new, old.dtype), carry, init
             )
+            if "real" in step_inputs:
+                # As Keras's RNN layers: a padding step keeps the state and
+                # the previous output; its alignment row is zeros.
+                kept = {
+                    **previous,
+                    "alignment": ops.zeros_like(carry["alignment"]),
+                }
+                carry = keras.tree.map_structure(
+                    lambda new, old: _where_real(step_inputs["real"], new, old),
+                    carry,
+                    kept,
+                )
             return carry
 
         state_keys = tuple(state)
@@ -304,6 +331,8 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         return_attention_scores=False,
         training=None,
         encoder_outputs_mask=None,
+        mask=None,
+        inputs_mask=None,
     ):
         outputs = keras.KerasTensor(
             self.compute_output_shape(inputs.shape, encoder_outputs.shape),
@@ -552,3 +581,9 @@ def _same_dim(a, b):
 
 def _as_list(states):
     return list(states) if isinstance(states, (list, tuple)) else [states]
+
+
+def _where_real(real, new, old):
+    """`new` in the rows of real steps (`real` `(B,)`), else `old`."""
+    real = real[(slice(None),) + (None,) * (len(new.shape) - 1)]
+    return ops.where(real, new, old)

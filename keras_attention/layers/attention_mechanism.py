@@ -411,6 +411,16 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
     def _build_score(self, query_dim, key_dim):
         """Creates the scoring weights; subclasses override."""
 
+    def _project_query(self, query):
+        """`query_dense` of `(B, T, Dq)` queries. One step's `(B, 1, Dq)`
+        is projected as `(B, Dq)`: Keras's `Dense` on three axes is a
+        `tensordot` whose gradient, inside a decoder's loop with an
+        unknown batch, TensorFlow's XLA cannot compile."""
+        if checks.static_dim(query.shape[1]) == 1:
+            projected = call_leaf(self.query_dense, ops.squeeze(query, 1))
+            return ops.expand_dims(projected, 1)
+        return call_leaf(self.query_dense, query)
+
     def _score(self, query, projected_keys):
         """Scores `(B, T, Dq)` queries against projected keys: `(B, T, S)`."""
         raise NotImplementedError(

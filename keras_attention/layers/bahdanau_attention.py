@@ -144,5 +144,5 @@ class BahdanauAttention(AttentionMechanism):
             )
             bias = ops.cast(self.score_bias, self.compute_dtype)
         return functional.additive_score(
-            call_leaf(self.query_dense, query), projected_keys, kernel, bias
+            self._project_query(query), projected_keys, kernel, bias
         )  # (B, T, S)

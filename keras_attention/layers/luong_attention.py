@@ -171,7 +171,7 @@ class LuongAttention(AttentionMechanism):
     def _score(self, query, projected_keys):
         if self.score == "concat":
             scores = functional.additive_score(
-                call_leaf(self.query_dense, query),
+                self._project_query(query),
                 projected_keys,
                 ops.cast(self.score_kernel, self.compute_dtype),
             )  # (B, T, S)

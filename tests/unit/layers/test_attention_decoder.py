@@ -8,7 +8,9 @@ import pytest
 
 from keras_attention import AttentionDecoder
 from keras_attention import BahdanauAttention
+from keras_attention import LocationSensitiveAttention
 from keras_attention import LuongAttention
+from keras_attention import MonotonicAttention
 from tests.helpers import rng
 from tests.helpers import to_numpy
 
@@ -449,3 +451,103 @@ def test_compute_output_shape(attention, kwargs, dim):
     model = keras.Model([targets, encoded], symbolic)
     x, e, _ = inputs()
     assert tuple(model([x, e]).shape) == (B, T, dim)
+
+
+# Every mechanism kind: content-based, with a query projection, and with
+# an alignment carried in the state.
+MASKED_CASES = {
+    "gru-bahdanau": (CELLS["gru"], lambda: BahdanauAttention(8), "bahdanau"),
+    "lstm-luong": (CELLS["lstm"], lambda: LuongAttention("general"), "luong"),
+    "stacked-concat": (
+        CELLS["stacked"],
+        lambda: LuongAttention("concat", units=6),
+        "bahdanau",
+    ),
+    "gru-location": (
+        CELLS["gru"],
+        lambda: LocationSensitiveAttention(6, filters=2, kernel_size=3),
+        "bahdanau",
+    ),
+    "simple-monotonic": (
+        CELLS["simple"],
+        lambda: MonotonicAttention(6),
+        "luong",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MASKED_CASES)
+def test_padding_steps_of_the_target_change_nothing(case):
+    """As Keras's RNN layers: a masked target step keeps the state and
+    the previous output (its alignment row is zeros), so padding before
+    or after the tokens leaves the outputs at real steps as they are."""
+    make_cell, make_attention, flow = MASKED_CASES[case]
+    layer = AttentionDecoder(make_cell(), make_attention(), flow=flow)
+    targets, encoded, source_mask = inputs(7)
+    real = targets[:, :3]
+    out, align = layer(real, encoded, source_mask, return_attention_scores=True)
+    garbage = rng(8).normal(size=(B, 2, E)).astype("float32")
+    for padded, mask, steps in (
+        (np.concatenate([garbage, real], 1), [0, 0, 1, 1, 1], slice(2, 5)),
+        (np.concatenate([real, garbage], 1), [1, 1, 1, 0, 0], slice(0, 3)),
+    ):
+        mask = np.tile(np.array(mask, bool), (B, 1))
+        got, got_align = layer(
+            padded,
+            encoded,
+            source_mask,
+            return_attention_scores=True,
+            mask=mask,
+        )
+        got, got_align = to_numpy(got), to_numpy(got_align)
+        np.testing.assert_allclose(got[:, steps], to_numpy(out), atol=1e-6)
+        np.testing.assert_allclose(
+            got_align[:, steps], to_numpy(align), atol=1e-6
+        )
+        np.testing.assert_array_equal(got_align[~mask], 0.0)
+        previous = np.concatenate([np.zeros_like(got[:, :1]), got[:, :-1]], 1)
+        np.testing.assert_array_equal(got[~mask], previous[~mask])
+
+
+def test_an_embedding_mask_on_the_target_reaches_the_decoder():
+    source = keras.Input((None,), dtype="int32")
+    target = keras.Input((None,), dtype="int32")
+    encoded = keras.layers.Embedding(9, 6, mask_zero=True)(source)
+    embedded = keras.layers.Embedding(9, E, mask_zero=True)(target)
+    outputs = decoder()(embedded, encoded)
+    model = keras.Model([source, target], outputs)
+    ids = np.array([[3, 4, 5, 0], [6, 7, 8, 2]], "int32")
+    tokens = np.array([[5, 6, 7], [1, 2, 3]], "int32")
+    pre_padded = np.concatenate([np.zeros((B, 2), "int32"), tokens], 1)
+    np.testing.assert_allclose(
+        to_numpy(model([ids, pre_padded]))[:, 2:],
+        to_numpy(model([ids, tokens])),
+        atol=1e-6,
+    )
+
+
+def test_a_ragged_last_batch_trains_compiled():
+    """`fit(jit_compile=True)` with a last batch of another size retraces
+    with an unknown batch; TensorFlow's XLA could not compile the
+    gradient of a step query projected on three axes."""
+    targets = keras.Input((None, E))
+    encoded = keras.Input((None, DE))
+    outputs = [
+        AttentionDecoder(make_cell(), make_attention(), flow=flow)(
+            targets, encoded
+        )
+        for make_cell, make_attention, flow in MASKED_CASES.values()
+    ]
+    model = keras.Model(
+        [targets, encoded],
+        [keras.layers.Dense(2)(out) for out in outputs],
+    )
+    # PyTorch's jit_compile is torch.compile, which Keras does not
+    # support for every model; XLA (TensorFlow, JAX) is what is tested.
+    compiled = keras.backend.backend() != "torch"
+    model.compile(optimizer="sgd", loss="mse", jit_compile=compiled)
+    x, e, _ = inputs(9)
+    x, e = np.concatenate([x, x[:1]]), np.concatenate([e, e[:1]])  # 3 rows
+    y = [np.zeros((3, T, 2), "float32")] * len(outputs)
+    history = model.fit([x, e], y, batch_size=2, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
