@@ -60,6 +60,8 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
             tokens. Defaults to the Keras mask of `value` (e.g. from
             `Embedding(mask_zero=True)`), if any.
+        key_mask (Tensor): Shape `(B, S)`, boolean. Defaults to the Keras
+            mask of `key`; a key is hidden where either mask is false.
         return_attention_scores (bool): Also return the weights.
         training (bool): Whether dropout is active.
         attention_state (dict | None): For a mechanism with memory, its
@@ -112,8 +114,13 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         return_attention_scores: bool = False,
         training=None,
         attention_state=None,
+        key_mask=None,
     ):
         key = value if key is None else key
+        if key_mask is not None:
+            value_mask = checks.padding_of_keys(
+                self._where(), value_mask, key_mask, tuple(value.shape[:2])
+            )
         keys = self.project_keys(key)
         if self.attention_state_names and len(query.shape) == 3:
             context, weights = self._attend_in_order(
@@ -144,10 +151,13 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         return_attention_scores=False,
         training=None,
         attention_state=None,
+        key_mask=None,
     ):
         key = value if key is None else key
         self._check_shapes(query.shape, value.shape, key.shape)
-        self._check_mask(value_mask, value.shape)
+        checks.padding_of_keys(
+            self._where(), value_mask, key_mask, tuple(value.shape[:2])
+        )
         self._check_attention_state(attention_state, value.shape)
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape),

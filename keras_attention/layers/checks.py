@@ -106,6 +106,21 @@ def check_dropout(where: str, dropout):
         )
 
 
+def padding_of_keys(where: str, value_mask, key_mask, shape):
+    """The keys' padding `(B, S)`: `value_mask` and `key_mask` (Keras's
+    implicit masks of `value` and `key`, as Keras's `MultiHeadAttention`
+    reads both), each checked, combined; `None` without either."""
+    check_mask(where, "value_mask", value_mask, shape)
+    check_mask(where, "key_mask", key_mask, shape)
+    if key_mask is None:
+        return value_mask
+    if value_mask is None:
+        return key_mask
+    return ops.logical_and(
+        ops.cast(value_mask, "bool"), ops.cast(key_mask, "bool")
+    )
+
+
 def check_built_dim(where: str, name: str, tensor, expected: int):
     """`tensor`'s last dim, where known, is the `expected` one a layer was
     built with."""

@@ -69,6 +69,8 @@ class CrossAttention(MultiHeadCore):
         key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
         value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
             tokens. Defaults to the Keras mask of `value`.
+        key_mask (Tensor): Shape `(B, S)`, boolean. Defaults to the Keras
+            mask of `key`; a key is hidden where either mask is false.
         attention_mask (Tensor): Shape `(B, T, S)`, boolean, `True` = attend;
             as in Keras, any shape that broadcasts to it, such as a `(T, S)`
             mask shared by the batch.
@@ -130,6 +132,7 @@ class CrossAttention(MultiHeadCore):
         mask_mod=None,
         score_mod=None,
         start_index=0,
+        key_mask=None,
     ):
         batch, length = query.shape[0], query.shape[1]
         checks.check_start_index(self._where(), start_index)
@@ -153,7 +156,9 @@ class CrossAttention(MultiHeadCore):
             key_heads = ops.cast(cache[:, 0], query.dtype)  # (B, S, K, H)
             value_heads = ops.cast(cache[:, 1], query.dtype)  # (B, S, K, H)
         source_length = key_heads.shape[1]
-        self._check_mask("value_mask", value_mask, (batch, source_length))
+        value_mask = checks.padding_of_keys(
+            self._where(), value_mask, key_mask, (batch, source_length)
+        )
         checks.check_attention_mask(
             self._where(),
             "attention_mask",
@@ -211,6 +216,7 @@ class CrossAttention(MultiHeadCore):
         mask_mod=None,
         score_mod=None,
         start_index=0,
+        key_mask=None,
     ):
         outputs = keras.KerasTensor(query.shape, dtype=self.compute_dtype)
         if not return_attention_scores:

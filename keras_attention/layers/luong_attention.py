@@ -58,6 +58,8 @@ class LuongAttention(AttentionMechanism):
         key (Tensor): Shape `(B, S, Dk)`. Defaults to `value`.
         value_mask (Tensor): Shape `(B, S)`, boolean, `True` for real source
             tokens. Defaults to the Keras mask of `value`.
+        key_mask (Tensor): Shape `(B, S)`, boolean. Defaults to the Keras
+            mask of `key`; a key is hidden where either mask is false.
         return_attention_scores (bool): Also return the weights.
         training (bool): Whether dropout is active.
 

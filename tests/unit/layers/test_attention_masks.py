@@ -307,3 +307,41 @@ def test_encoder_attention_mask_in_cached_steps():
         )
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+KEY_MASK_LAYERS = {
+    "cross": lambda: ka.CrossAttention(N),
+    "bahdanau": lambda: ka.BahdanauAttention(6),
+    "luong": lambda: ka.LuongAttention("concat", units=6),
+    "location": lambda: ka.LocationSensitiveAttention(6, 2, 3),
+    "monotonic": lambda: ka.MonotonicAttention(6),
+}
+
+
+@pytest.mark.parametrize("kind", KEY_MASK_LAYERS)
+def test_the_keys_implicit_mask_hides_padded_keys(kind):
+    """Keys that carry a Keras mask where the values do not: padded keys
+    get no weight, as in Keras's
+    `MultiHeadAttention`, and `key_mask` combines with `value_mask`."""
+    queries = keras.Input((None,), dtype="int32")
+    keys = keras.Input((None,), dtype="int32")
+    query = keras.layers.Embedding(9, D)(queries)
+    key = keras.layers.Embedding(9, D, mask_zero=True)(keys)
+    value = keras.layers.Embedding(9, D)(keys)  # no mask
+    layer = KEY_MASK_LAYERS[kind]()
+    model = keras.Model([queries, keys], layer(query, value, key=key))
+    ids = np.array([[1, 2, 3], [4, 5, 6]], "int32")
+    source = np.array([[3, 4, 5, 2], [6, 7, 1, 8]], "int32")
+    padded = np.concatenate([source, np.zeros((B, 2), "int32")], 1)
+    np.testing.assert_allclose(
+        to_numpy(model([ids, padded])),
+        to_numpy(model([ids, source])),
+        atol=1e-6,
+    )
+    # Called directly: key_mask and value_mask each hide their keys.
+    q, v = rng(3).normal(size=(2, B, T, D)).astype("float32")
+    first, second = np.ones((2, B, T), bool)
+    first[:, -1], second[:, 0] = False, False
+    both = to_numpy(layer(q, v, value_mask=first & second))
+    got = to_numpy(layer(q, v, value_mask=first, key_mask=second))
+    np.testing.assert_allclose(got, both, atol=1e-6)
