@@ -29,7 +29,12 @@ def test_checkpoint_of_0_1_loads_with_identical_outputs(restored):
     outputs = restored([inputs["source"], inputs["target"]])
     outputs = keras.ops.convert_to_numpy(outputs).astype("float64")
     assert outputs.shape == expected.shape
-    np.testing.assert_allclose(outputs, expected, rtol=0, atol=1e-5)
+    # At the real target steps. At padding steps (id 0, masked from the
+    # target's embedding) the RNN decoders now repeat their previous
+    # output, as Keras's RNN layers do, where 0.1.0 stepped the cell.
+    real = inputs["target"] != 0
+    assert 0 < real.sum() < real.size
+    np.testing.assert_allclose(outputs[real], expected[real], rtol=0, atol=1e-5)
 
 
 def test_checkpoint_of_0_1_saves_again_with_the_same_variables(
