@@ -9,6 +9,8 @@ import re
 
 import numpy as np
 
+from keras_attention._core.checks import positive_integer
+
 _WORDS = re.compile(r"\w+|[^\w\s]")
 
 
@@ -122,15 +124,8 @@ class Vocabulary:
                 "Vocabulary.encode: `texts` must be a list of texts, not one "
                 f"string. Received: texts={texts!r}"
             )
-        if max_length is not None and (
-            not isinstance(max_length, (int, np.integer))
-            or isinstance(max_length, bool)
-            or max_length < 1
-        ):
-            raise ValueError(
-                "Vocabulary.encode: `max_length` must be a positive integer "
-                f"or None. Received: max_length={max_length!r}"
-            )
+        if max_length is not None:
+            positive_integer("Vocabulary.encode", "max_length", max_length)
         unk = self.index[self.UNK]
         rows = []
         for text in texts:

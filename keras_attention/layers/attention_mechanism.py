@@ -11,6 +11,7 @@ from keras_attention import _kernels
 from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.sublayers import LoraMixin
+from keras_attention.layers.sublayers import call_dense
 from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import dtype_config
 from keras_attention.layers.sublayers import policy_for
@@ -422,14 +423,8 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         """Creates the scoring weights; subclasses override."""
 
     def _project_query(self, query):
-        """`query_dense` of `(B, T, Dq)` queries. One step's `(B, 1, Dq)`
-        is projected as `(B, Dq)`: Keras's `Dense` on three axes is a
-        `tensordot` whose gradient, inside a decoder's loop with an
-        unknown batch, TensorFlow's XLA cannot compile."""
-        if checks.static_dim(query.shape[1]) == 1:
-            projected = call_leaf(self.query_dense, ops.squeeze(query, 1))
-            return ops.expand_dims(projected, 1)
-        return call_leaf(self.query_dense, query)
+        """`query_dense` of `(B, T, Dq)` queries (see `call_dense`)."""
+        return call_dense(self.query_dense, query)
 
     def _score(self, query, projected_keys):
         """Scores `(B, T, Dq)` queries against projected keys: `(B, T, S)`."""

@@ -12,6 +12,7 @@ from keras_attention import functional
 from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.sublayers import built_projection
+from keras_attention.layers.sublayers import call_dense
 from keras_attention.layers.sublayers import call_leaf
 from keras_attention.layers.sublayers import fresh
 
@@ -192,27 +193,13 @@ class LocationSensitiveAttention(AttentionMechanism):
             ops.cast(self.location_kernel, self.compute_dtype),
             padding="same",
         )  # (B, S, F)
-        keys = projected_keys + self._project_locations(features)
+        keys = projected_keys + call_dense(self.location_dense, features)
         return functional.additive_score(
             self._project_query(query),
             keys,  # (B, S, U)
             ops.cast(self.score_kernel, self.compute_dtype),
             ops.cast(self.score_bias, self.compute_dtype),
         )  # (B, T, S)
-
-    def _project_locations(self, features):
-        """`location_dense` of `(B, S, F)` features. On TensorFlow it is
-        applied to `(B * S, F)`: Keras's `Dense` on three axes is a
-        `tensordot` there, whose gradient, inside a decoder's loop with an
-        unknown batch, XLA cannot compile. Elsewhere it takes the three
-        axes (a reshape of symbolic sizes would not export to ONNX from
-        JAX)."""
-        if keras.backend.backend() != "tensorflow":
-            return call_leaf(self.location_dense, features)
-        batch, length = ops.shape(features)[0], ops.shape(features)[1]
-        flat = ops.reshape(features, (batch * length, features.shape[-1]))
-        projected = call_leaf(self.location_dense, flat)  # (B * S, U)
-        return ops.reshape(projected, (batch, length, projected.shape[-1]))
 
     def _normalize(self, scores, mask, attention_state, training):
         if not self.smoothing:

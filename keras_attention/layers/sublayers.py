@@ -71,6 +71,24 @@ def built_projection(layer, name, units, input_dim):
     return dense
 
 
+def call_dense(layer, inputs):
+    """`call_leaf(layer, inputs)` for a `Dense` over the last axis.
+
+    On TensorFlow, inputs of three or more axes are folded into a matrix
+    first: Keras's `Dense` is a `tensordot` there, and inside a loop with
+    an unknown batch (an RNN decoder's scan, compiled for a last batch of
+    another size) XLA cannot compile its gradient. Other backends take the
+    axes as they are (a reshape of symbolic sizes would not export to
+    ONNX from JAX).
+    """
+    if keras.backend.backend() != "tensorflow" or len(inputs.shape) <= 2:
+        return call_leaf(layer, inputs)
+    leading = keras.ops.shape(inputs)[:-1]  # static where known
+    flat = keras.ops.reshape(inputs, (-1, inputs.shape[-1]))
+    projected = call_leaf(layer, flat)  # (..., U) as a matrix
+    return keras.ops.reshape(projected, (*leading, projected.shape[-1]))
+
+
 def call_leaf(layer, inputs, training=None):
     """`layer(inputs, training=training)` for a leaf sublayer, cheaply.
 
