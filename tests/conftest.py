@@ -8,22 +8,13 @@ import gc
 import importlib.metadata
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-if os.environ.get("KERAS_BACKEND") == "jax":
-    # JAX compiles every computation it has not seen in this process, and
-    # the suite builds the same small layers over and over (a new layer
-    # per path case, example scripts in their own processes): a
-    # compilation cache on disk, shared by every process of the run
-    # (environment variables reach the xdist workers and the
-    # subprocesses), compiles each computation once. The cache is keyed by
-    # the program and the JAX version, so a stale entry is never used.
-    _CACHE = Path(__file__).resolve().parents[1] / "build" / "jax-cache"
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# No persistent JAX compilation cache: serialising an XLA:CPU executable
+# for it crashed an xdist worker (a segfault inside `executable.serialize()`
+# under jaxlib 0.10.2), and the run then hung. Set JAX_COMPILATION_CACHE_DIR
+# yourself to use one locally.
 
 # Compiling, not running, is what the suite spends its time on under XLA
 # (all of JAX, TensorFlow's `jit_compile=True` functions): every eager op of
