@@ -10,8 +10,12 @@ PYTEST_ARGS ?=
 # Each backend's pass runs its test files on this many pytest-xdist workers
 # (a file stays on one worker, so it builds its shared models once), in the
 # order tests/conftest.py gives them: the long files first.
+# A worker that crashes ends the pass (--max-worker-restart=0), naming the
+# test it was running: pytest-xdist 3.8 hangs when it replaces a crashed
+# worker under --dist loadfile.
 TEST_WORKERS ?= 2
-PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	--max-worker-restart=0
 export TF_CPP_MIN_LOG_LEVEL := 3
 export NO_MKDOCS_2_WARNING := 1
 
