@@ -47,6 +47,11 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
 
     and the output is the attentional state $\\tilde s_t$ (of size
     `attention_dim`), fed to the next step's input when `input_feeding`.
+    With `attention_activation=None` the attentional layer is linear,
+    $\\tilde s_t = W_c [c_t; s_t]$, as in tensorflow-addons'
+    `AttentionWrapper(..., attention_layer_size=A)`, whose trained weights
+    then give the same outputs (its $W_c$ takes $[s_t; c_t]$: swap the two
+    row blocks).
 
     The teacher-forced loop is a `keras.ops.scan`, so it compiles with the
     rest of the model; the attention's key projections are computed once
@@ -79,6 +84,10 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             output size.
         input_feeding: Luong flow: feed $\\tilde s_{t-1}$ with the input.
             Defaults to `True`.
+        attention_activation: Luong flow: the activation of the attentional
+            layer, a Keras activation (name or function), or `None` for
+            the linear layer of tensorflow-addons' `AttentionWrapper`.
+            Defaults to `"tanh"` (Luong et al. 2015).
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 
@@ -131,6 +140,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
         flow: str | None = None,
         attention_dim: int | None = None,
         input_feeding: bool = True,
+        attention_activation="tanh",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -180,9 +190,27 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 "state; the Bahdanau flow outputs the cell's state. Received: "
                 f"attention_dim={attention_dim}, flow='bahdanau'"
             )
+        try:
+            activation = keras.activations.get(attention_activation)
+        except (ValueError, TypeError):
+            activation = None
+        if activation is None or not callable(activation):
+            raise ValueError(
+                f"{where}: `attention_activation` must be a Keras activation "
+                "(a name such as 'tanh', or a function) or None. Received: "
+                f"attention_activation={attention_activation!r}"
+            )
+        if flow == "bahdanau" and activation is not keras.activations.tanh:
+            raise ValueError(
+                f"{where}: `attention_activation` is the Luong flow's "
+                "attentional layer's; the Bahdanau flow outputs the cell's "
+                f"state. Received: attention_activation="
+                f"{attention_activation!r}, flow='bahdanau'"
+            )
         self.cell = cell
         self.attention = attention
         self.flow = flow
+        self.attention_activation = activation
         self.attention_dim = attention_dim
         self.input_feeding = input_feeding
         self.supports_masking = True
@@ -214,7 +242,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             )
             self.attention_projection = keras.layers.Dense(
                 self._feed_dim,
-                activation="tanh",
+                activation=self.attention_activation,
                 use_bias=False,
                 dtype=policy_for(self, "attention_projection"),
                 name="attention_projection",
@@ -355,6 +383,9 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 "flow": self.flow,
                 "attention_dim": self.attention_dim,
                 "input_feeding": self.input_feeding,
+                "attention_activation": keras.activations.serialize(
+                    self.attention_activation
+                ),
             }
         )
         return dtype_config(self, config)

@@ -152,6 +152,21 @@ CASES = {
         3 + 1 + 1,  # the cell, W_a, W_c
         seed_generators=1,
     ),
+    # tensorflow-addons' AttentionWrapper with an attention layer.
+    "decoder_gru_bahdanau_linear": case(
+        ka.AttentionDecoder,
+        {
+            "cell": keras.layers.serialize(keras.layers.GRUCell(4)),
+            "attention": keras.layers.serialize(ka.BahdanauAttention(4)),
+            "flow": "luong",
+            "attention_dim": 5,
+            "attention_activation": None,
+        },
+        {"inputs_shape": (B, T, 6), "encoder_outputs_shape": (B, S, D)},
+        (B, T, 5),
+        3 + 3 + 1,  # the cell, W_a, U_a, v_a, W_c
+        seed_generators=1,
+    ),
     "self_attention": case(
         ka.MultiHeadSelfAttention,
         {"num_heads": 2, "dropout": 0.1},

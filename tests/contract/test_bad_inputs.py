@@ -425,6 +425,11 @@ CASES = {
         "attention_dim",
         lambda: gru_decoder(attention_dim=0),
     ),
+    "decoder-attention-activation": (
+        "AttentionDecoder",
+        "attention_activation",
+        lambda: gru_decoder(flow="luong", attention_activation="squash"),
+    ),
     "decoder-cell-dropout": (
         "AttentionDecoder",
         "cell.dropout",

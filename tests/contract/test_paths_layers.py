@@ -377,24 +377,41 @@ for _name, _make, _shape in (
     )
     if _name.startswith(("Location", "Monotonic")) and _shape == 3:
         LAYER_CASES[_name]["steps"] = _mechanism_steps
-for _name, _cell, _attention in (
-    ("AttentionDecoder bahdanau flow", "GRUCell", "BahdanauAttention"),
-    ("AttentionDecoder luong flow", "LSTMCell", "LuongAttention"),
+for _name, _cell, _attention, _kwargs in (
+    (
+        "AttentionDecoder bahdanau flow",
+        "GRUCell",
+        lambda d: ka.BahdanauAttention(5, dtype=d),
+        {},
+    ),
+    (
+        "AttentionDecoder luong flow",
+        "LSTMCell",
+        lambda d: ka.LuongAttention(dtype=d),
+        {},
+    ),
     (
         "AttentionDecoder location-sensitive",
         "GRUCell",
-        "LocationSensitiveAttention",
+        lambda d: ka.LocationSensitiveAttention(5, dtype=d),
+        {},
     ),
-    ("AttentionDecoder monotonic", "LSTMCell", "MonotonicAttention"),
+    (
+        "AttentionDecoder monotonic",
+        "LSTMCell",
+        lambda d: ka.MonotonicAttention(5, dtype=d),
+        {"flow": "luong"},
+    ),
+    (  # tensorflow-addons' AttentionWrapper with an attention layer
+        "AttentionDecoder linear attentional layer",
+        "GRUCell",
+        lambda d: ka.BahdanauAttention(5, dtype=d),
+        {"flow": "luong", "attention_activation": None},
+    ),
 ):
     LAYER_CASES[_name] = dict(
-        make=lambda d, c=_cell, a=_attention: ka.AttentionDecoder(
-            getattr(keras.layers, c)(6, dtype=d),
-            getattr(ka, a)(dtype=d)
-            if a == "LuongAttention"
-            else getattr(ka, a)(5, dtype=d),
-            flow="luong" if a == "MonotonicAttention" else None,
-            dtype=d,
+        make=lambda d, c=_cell, a=_attention, k=_kwargs: ka.AttentionDecoder(
+            getattr(keras.layers, c)(6, dtype=d), a(d), dtype=d, **k
         ),
         shapes=[(B, T, 3), (B, S, 6)],
         masks={"encoder_padding_mask": _padding(S, 2)},

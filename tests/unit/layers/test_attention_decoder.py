@@ -99,28 +99,123 @@ def test_bahdanau_flow_equations(cell):
         np.testing.assert_allclose(to_numpy(out), outputs[:, t], atol=1e-5)
 
 
+@pytest.mark.parametrize("activation", ["tanh", None])
 @pytest.mark.parametrize("input_feeding", [True, False])
-def test_luong_flow_equations(input_feeding):
-    """s̃_t = tanh(W_c [c_t; s_t]) with c_t scored by s_t, fed back."""
+def test_luong_flow_equations(input_feeding, activation):
+    """s̃_t = tanh(W_c [c_t; s_t]) (or linear) with c_t scored by s_t, fed
+    back."""
     targets, encoded, mask = inputs()
     layer = decoder(
-        "lstm", "luong_general", attention_dim=6, input_feeding=input_feeding
+        "lstm",
+        "luong_general",
+        attention_dim=6,
+        input_feeding=input_feeding,
+        attention_activation=activation,
     )
     outputs = to_numpy(layer(targets, encoded, encoder_padding_mask=mask))
     assert outputs.shape == (B, T, 6)
     state = [keras.ops.zeros((B, U)), keras.ops.zeros((B, U))]
     feed = np.zeros((B, 6), "float32")
     kernel = to_numpy(layer.attention_projection.kernel)
+    squash = np.tanh if activation == "tanh" else lambda z: z
     for t in range(T):
         x = targets[:, t]
         if input_feeding:
             x = np.concatenate([x, feed], axis=-1)
         hidden, state = layer.cell(x, state)
         context = to_numpy(layer.attention(hidden, encoded, value_mask=mask))
-        feed = np.tanh(
+        feed = squash(
             np.concatenate([context, to_numpy(hidden)], -1) @ kernel
         ).astype("float32")
         np.testing.assert_allclose(feed, outputs[:, t], atol=1e-5)
+
+
+def _sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+def test_tensorflow_addons_attention_wrapper_weights_give_its_outputs():
+    """tensorflow-addons' `AttentionWrapper(LSTMCell(U), BahdanauAttention(
+    Ua, memory, memory_sequence_length), attention_layer_size=A,
+    initial_cell_state=...)`, written out in NumPy with its weights in its
+    layout, equals the Luong flow with a linear attentional layer once the
+    attention layer's two row blocks are swapped: outputs and alignment
+    history, step by step."""
+    g = rng(3)
+    units, score_units, dim = 5, 4, 6
+    targets = g.normal(size=(B, T, E))
+    memory = g.normal(size=(B, S, DE))
+    lengths = np.array([4, S])
+    valid = np.arange(S)[None, :] < lengths[:, None]
+    h0, c0 = g.normal(size=(2, B, units))
+    tfa = {  # TFA's variables, in its layout
+        "query_layer": g.normal(size=(units, score_units)) / 2,
+        "memory_layer": g.normal(size=(DE, score_units)) / 2,
+        "attention_v": g.normal(size=(score_units,)),
+        "attention_layer": g.normal(size=(units + DE, dim)) / 3,  # [h; c]
+        "kernel": g.normal(size=(E + dim, 4 * units)) / 3,
+        "recurrent_kernel": g.normal(size=(units, 4 * units)) / 3,
+        "bias": g.normal(size=(4 * units,)) / 3,
+    }
+
+    # The wrapper's step: the cell on [y_t; a_{t-1}] (a_0 = 0), Bahdanau
+    # scores with the new cell output, a_t = W [h_t; c_t], output a_t.
+    keys = memory @ tfa["memory_layer"]
+    h, c, attention = h0, c0, np.zeros((B, dim))
+    want, want_alignments = [], []
+    for t in range(T):
+        z = (
+            np.concatenate([targets[:, t], attention], -1) @ tfa["kernel"]
+            + h @ tfa["recurrent_kernel"]
+            + tfa["bias"]
+        )
+        i, f, candidate, o = np.split(z, 4, axis=-1)
+        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(candidate)
+        h = _sigmoid(o) * np.tanh(c)
+        score = (
+            np.tanh(keys + (h @ tfa["query_layer"])[:, None])
+            @ tfa["attention_v"]
+        )
+        score = np.where(valid, score, -np.inf)
+        alignment = np.exp(score - score.max(-1, keepdims=True))
+        alignment /= alignment.sum(-1, keepdims=True)
+        context = np.einsum("bs,bsd->bd", alignment, memory * valid[..., None])
+        attention = np.concatenate([h, context], -1) @ tfa["attention_layer"]
+        want.append(attention)
+        want_alignments.append(alignment)
+
+    layer = AttentionDecoder(
+        keras.layers.LSTMCell(units),
+        BahdanauAttention(score_units),
+        flow="luong",
+        attention_dim=dim,
+        attention_activation=None,
+    )
+    f32 = lambda a: a.astype("float32")  # noqa: E731
+    layer(f32(targets), f32(memory))  # builds
+    layer.cell.kernel.assign(f32(tfa["kernel"]))
+    layer.cell.recurrent_kernel.assign(f32(tfa["recurrent_kernel"]))
+    layer.cell.bias.assign(f32(tfa["bias"]))
+    layer.attention.query_dense.kernel.assign(f32(tfa["query_layer"]))
+    layer.attention.key_dense.kernel.assign(f32(tfa["memory_layer"]))
+    layer.attention.score_kernel.assign(f32(tfa["attention_v"]))
+    swapped = np.concatenate(  # TFA's W takes [h; c], ours [c; h]
+        [tfa["attention_layer"][units:], tfa["attention_layer"][:units]]
+    )
+    layer.attention_projection.kernel.assign(f32(swapped))
+    outputs, alignments = layer(
+        f32(targets),
+        f32(memory),
+        encoder_padding_mask=valid,
+        initial_state=[f32(h0), f32(c0)],
+        return_attention_scores=True,
+    )
+    np.testing.assert_allclose(
+        to_numpy(outputs), np.stack(want, 1), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        to_numpy(alignments), np.stack(want_alignments, 1), atol=1e-5
+    )
 
 
 def test_alignments_sum_to_one_with_zeros_on_padding():
@@ -229,6 +324,22 @@ BAD = [
             keras.layers.GRUCell(4), BahdanauAttention(4), attention_dim=5
         ),
         "attention_dim=5, flow='bahdanau'",
+    ),
+    (
+        lambda: AttentionDecoder(
+            keras.layers.GRUCell(4),
+            LuongAttention("general"),
+            attention_activation="squash",
+        ),
+        "attention_activation='squash'",
+    ),
+    (
+        lambda: AttentionDecoder(
+            keras.layers.GRUCell(4),
+            BahdanauAttention(4),
+            attention_activation=None,
+        ),
+        "attention_activation=None, flow='bahdanau'",
     ),
 ]
 
