@@ -47,7 +47,12 @@ SAVED = _saved_layers()
 # an argument's config entry is its default when the checkpoint's layers
 # are made again.
 ADDED_LAYERS = {"RelativePositionBias"}
-ADDED_ARGUMENTS = {"score_mod": None, "use_bias": True, "use_rms_norm": False}
+ADDED_ARGUMENTS = {
+    "attention_activation": "tanh",
+    "score_mod": None,
+    "use_bias": True,
+    "use_rms_norm": False,
+}
 
 
 def test_the_checkpoint_holds_every_public_layer():
