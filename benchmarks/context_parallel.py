@@ -15,9 +15,12 @@ Memory analysis compiles; nothing is timed, so the figures do not depend
 on the machine's load. Other backends: nothing to measure (the
 distribution is JAX's).
 
-    KERAS_BACKEND=jax python context_parallel.py
+    KERAS_BACKEND=jax python context_parallel.py [--quick]
+
+`--quick` compiles at an eighth of those lengths.
 """
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -68,9 +71,9 @@ def bytes_of(compiled):
     }
 
 
-def attention_memory():
-    shape = (ATTENTION["batch"], ATTENTION["length"], ATTENTION["heads"],
-             ATTENTION["head_dim"])  # fmt: skip
+def attention_memory(attention):
+    shape = (attention["batch"], attention["length"], attention["heads"],
+             attention["head_dim"])  # fmt: skip
     query = jax.ShapeDtypeStruct(shape, "float32")
 
     def loss(q, k, v):
@@ -89,9 +92,9 @@ def attention_memory():
     return rows
 
 
-def model_memory():
+def model_memory(model):
     args = long_context.parse_args(
-        [f"--{k.replace('_', '-')}={v}" for k, v in MODEL.items()]
+        [f"--{k.replace('_', '-')}={v}" for k, v in model.items()]
     )
     one = long_context.step_memory(long_context.compiled_model(args), args)
     with distribution(DEVICES).scope():
@@ -123,13 +126,20 @@ def balance(length=8192):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    attention, model = dict(ATTENTION), dict(MODEL)
+    if args.quick:
+        attention["length"] //= 8
+        model["sequence_length"] //= 8
     write(
         "context_parallel",
         {
-            "attention": ATTENTION,
-            "attention_memory": attention_memory(),
-            "model": MODEL,
-            "model_memory": model_memory(),
+            "attention": attention,
+            "attention_memory": attention_memory(attention),
+            "model": model,
+            "model_memory": model_memory(model),
             "balance_devices": DEVICES,
             "balance": balance(),
         },

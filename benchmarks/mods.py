@@ -14,13 +14,13 @@ repeat):
 
 The patterns: a prefix-LM mask (prefix T/2), a document mask (8
 documents of T/8) and chunked attention (chunks of 512). Each row also
-records the fraction of block pairs the blockwise path visits and the
-kernel `explain()` names. A step also runs the four projections (a fixed
-cost the pattern does not change), so the attention alone is timed too,
-forward and backward (the gradients of the query, key and value), on
-`(B, T, N, H)` heads compiled as Keras compiles a training step: the
-`mask_mod`, the same mod as a `block_mask` made once (in the default
-blocks of 256 and in blocks of 512), and the dense mask.
+records the kernel `explain()` names for its call and the fraction of
+block pairs it visits (all of them for a dense mask). A step also runs
+the four projections (a fixed cost the pattern does not change), so the
+attention alone is timed too, forward and backward (the gradients of the
+query, key and value), on `(B, T, N, H)` heads compiled as Keras compiles
+a training step: the `mask_mod`, the same mod as a `block_mask` made once
+(in the default blocks of 256 and in blocks of 512), and the dense mask.
 
     KERAS_BACKEND=jax python benchmarks/mods.py [--quick]
 """
@@ -149,17 +149,44 @@ def attention_step(functional, arguments, q, k, v, cotangent):
     return gradient_step(loss, q, k, v)
 
 
-def explained(mod, length, block_size=None):
-    """`(path, fraction of block pairs visited)` for the mod's call in
-    blocks of `block_size` (the default blocks)."""
+def explained(mod, dense, length):
+    """`{candidate: (path, fraction of block pairs visited)}`: the path
+    `explain()` names for each candidate's call, and the block pairs it
+    visits (all of them for a dense mask)."""
     import keras
 
     from keras_attention import functional
 
     query = keras.KerasTensor((BATCH, length, N, D // N))
-    path = functional.explain(query, query, mask_mod=mod).path
-    table = mods_block_mask(mod, length, block_size).blocks
-    return path, float(np.mean(keras.ops.convert_to_numpy(table) > 0))
+    mask = keras.KerasTensor(dense.shape, dtype="bool")
+    forms = {
+        "default": mods_block_mask(mod, length),
+        "large": mods_block_mask(mod, length, LARGE_BLOCKS),
+    }
+    visited = {
+        name: float(np.mean(keras.ops.convert_to_numpy(table.blocks) > 0))
+        for name, table in forms.items()
+    }
+    by_mod = (
+        functional.explain(query, query, mask_mod=mod).path,
+        visited["default"],
+    )
+    by_dense = (functional.explain(query, query, mask=mask).path, 1.0)
+    return {
+        "mod": by_mod,
+        "dense": by_dense,
+        "keras_mha": ("keras", 1.0),
+        "kernel_mod": by_mod,
+        "kernel_block_mask": (
+            functional.explain(query, query, mask_mod=forms["default"]).path,
+            visited["default"],
+        ),
+        "kernel_block_mask_512": (
+            functional.explain(query, query, mask_mod=forms["large"]).path,
+            visited["large"],
+        ),
+        "kernel_dense": by_dense,
+    }
 
 
 def main():
@@ -186,10 +213,9 @@ def main():
         keras_mha = steps.pop("keras_mha")
         medians = interleaved_medians(steps, repeats)
         medians["keras_mha"] = median_seconds(keras_mha, repeats)
-        path, fraction = explained(mod, length)
-        large = explained(mod, length, LARGE_BLOCKS)[1]
+        paths = explained(mod, dense, length)
         for candidate, seconds in medians.items():
-            visited = large if candidate.endswith("_512") else fraction
+            path, visited = paths[candidate]
             rows.append(
                 {
                     "pattern": pattern,

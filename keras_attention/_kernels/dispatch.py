@@ -131,9 +131,6 @@ def call_chunk_size(query, key, mask, structure) -> int:
 
 
 def _chunked(query, key, value, mask, structure, scale):
-    if 0 in (runtime.static_dim(x.shape[1]) for x in (query, key)):
-        # No block at all: nothing the loops could skip.
-        return reference_attention(query, key, value, mask, structure, scale)
     block = call_chunk_size(query, key, mask, structure)
     return chunked_attention(query, key, value, mask, structure, scale, block)
 
@@ -193,11 +190,11 @@ def choose(query, key, value=None, weights=False, structure=None):
     """`(path, refused)`: the path attention takes for inputs of these
     shapes and dtypes (`weights=True`: the weights are needed too), and
     for each faster path not taken, why."""
-    if _forced["path"] is not None:
-        return _forced["path"], {"automatic choice": "a path is forced"}
     if weights:
         reason = "the weights are requested; only the reference computes them"
         return "reference", {"fused": reason, "chunked": reason}
+    if _forced["path"] is not None:
+        return _forced_choice(query, key, value, structure)
     if runtime.is_exporting():
         # PyTorch's ONNX exporters do not translate every option of its
         # kernel (grouped-query heads); the reference math exports.
@@ -209,6 +206,28 @@ def choose(query, key, value=None, weights=False, structure=None):
         "fused": f"no fused kernel on {backends.current().device_name()}"
     }
     return _by_cost(query, key, structure, refused)
+
+
+def _forced_choice(query, key, value, structure):
+    """The forced path, or the reference where that path cannot take
+    these inputs (with the reason)."""
+    path = _forced["path"]
+    refused = {"automatic choice": "a path is forced"}
+    why = None
+    if path == "chunked":
+        lengths = [runtime.static_dim(x.shape[1]) for x in (query, key)]
+        if None in lengths:
+            why = "the query or key length is not known statically"
+        elif 0 in lengths:
+            why = "a length is 0: there is no block to compute"
+    elif path == "fused" and value is not None:
+        if not flex_kernel.chosen(query, key, value):  # FlexAttention takes all
+            why = refusal(query, value)
+            if why is None and structure is not None:
+                why = structure_refusal(structure)
+    if why is None:
+        return path, refused
+    return "reference", {**refused, path: why}
 
 
 def _by_cost(query, key, structure, refused):
@@ -354,7 +373,4 @@ def attention(
     if return_weights:
         return _core.reference(query, key, value, mask, scale, structure)
     path = choose(query, key, value, structure=structure)[0]
-    lengths = (query.shape[1], key.shape[1])
-    if path == "chunked" and None in map(runtime.static_dim, lengths):
-        path = "reference"  # a forced chunked path needs known lengths
     return PATHS[path](query, key, value, mask, structure, scale)

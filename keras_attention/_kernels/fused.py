@@ -13,7 +13,6 @@ K key/value heads, H head dim, V value head dim.
 
 from keras import ops
 
-from keras_attention import _core
 from keras_attention._kernels import backends
 from keras_attention._kernels import flex
 
@@ -25,15 +24,14 @@ def fused_attention(query, key, value, mask, structure, scale):
     `(B|1, N|1, T|1, S)` for 4-D). A kernel takes a causal flag or a mask
     tensor, not both: a top-left causal structure alone reaches it as the
     flag, which lets it skip the masked blocks; any other structure is
-    merged into the mask. Inputs the kernel cannot take go to the
-    reference. Where forced, PyTorch's FlexAttention takes the whole
-    structure instead (see `flex`).
+    merged into the mask. The dispatch sends the inputs the kernel
+    cannot take (`refusal`, `structure_refusal`) to the reference. Where
+    forced, PyTorch's FlexAttention takes the whole structure instead
+    (see `flex`).
     """
     if flex.chosen(query, key, value):
         return flex.attention(query, key, value, mask, structure, scale)
     primitives = backends.current()
-    if refusal(query, value) is not None or structure_refusal(structure):
-        return _core.reference(query, key, value, mask, scale, structure)[0]
     # A kernel takes a bias or a causal flag, not both.
     is_causal = (
         structure.is_top_left_causal and mask is None and not structure.alibi

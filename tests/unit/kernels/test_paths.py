@@ -17,6 +17,7 @@ from keras import ops
 from keras_attention import _kernels
 from keras_attention import functional as F
 from keras_attention._core import Structure
+from keras_attention._kernels import dispatch
 from tests.autodiff import KERNEL_PATHS
 from tests.autodiff import assert_close
 from tests.autodiff import cotangents
@@ -300,6 +301,53 @@ def test_force_rejects_an_unknown_path():
         _kernels.force("flash"),
     ):
         pass
+
+
+FORCED_CASES = {  # forced path, query and key shapes, arguments, path run
+    "fused": ("fused", (1, 4, 2, 4), (1, 5, 2, 4), {}, "fused"),
+    "fused soft cap": (
+        "fused",
+        (1, 4, 2, 4),
+        (1, 5, 2, 4),
+        {"logit_soft_cap": 3.0},
+        "reference",
+    ),
+    "fused weights": (
+        "fused",
+        (1, 4, 2, 4),
+        (1, 5, 2, 4),
+        {"return_attention_scores": True},
+        "reference",
+    ),
+    "chunked": ("chunked", (1, 4, 4), (1, 5, 4), {}, "chunked"),
+    "chunked no queries": ("chunked", (1, 0, 4), (1, 5, 4), {}, "reference"),
+    "chunked no keys": ("chunked", (1, 4, 4), (1, 0, 4), {}, "reference"),
+}
+
+
+@pytest.mark.parametrize("case", FORCED_CASES)
+def test_explain_names_the_forced_path_that_runs(case, monkeypatch):
+    """A forced path that cannot take the call (a soft cap the kernel has
+    no option for, requested weights, an empty sequence) runs the
+    reference, and `explain` says so and why."""
+    forced, q_shape, k_shape, kwargs, runs = FORCED_CASES[case]
+    ran = []
+    for name, function in list(dispatch.PATHS.items()):
+
+        def recorded(*args, _name=name, _function=function):
+            ran.append(_name)
+            return _function(*args)
+
+        monkeypatch.setitem(dispatch.PATHS, name, recorded)
+    q = np.ones(q_shape, "float32")
+    k = np.ones(k_shape, "float32")
+    with _kernels.force(forced):
+        report = F.explain(q, k, k, **kwargs)
+        F.scaled_dot_product_attention(q, k, k, **kwargs)
+    assert report.path == runs
+    assert ran == ([] if kwargs.get("return_attention_scores") else [runs])
+    if runs != forced:
+        assert report.refused[forced]
 
 
 @pytest.mark.parametrize("mask_kind", ["causal", "padding+causal"])
