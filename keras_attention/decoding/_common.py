@@ -26,23 +26,75 @@ def without_gradients(decode):
     return wrapper
 
 
-def call_step(step_fn, tokens, state):
+def call_step(name, step_fn, tokens, state, end_id):
     """`step_fn(tokens, state)` as `(logits, state, attention or None)`,
-    with its results checked."""
+    with its results checked: logits `(rows, V)` for the `rows` tokens
+    given, with `end_id` (if any) in the vocabulary."""
     result = step_fn(ops.convert_to_tensor(tokens, "int32"), state)
     if not isinstance(result, tuple) or len(result) not in (2, 3):
         raise ValueError(
-            "decoding: `step_fn` must return (logits, state) or "
+            f"{name}: `step_fn` must return (logits, state) or "
             f"(logits, state, attention). Received: {type(result).__name__} "
             f"of length {len(result) if isinstance(result, tuple) else 1}"
         )
     logits, state = result[0], result[1]
-    if len(logits.shape) != 2:
+    rows = tokens.shape[0]
+    if len(logits.shape) != 2 or logits.shape[0] not in (None, rows):
+        given = f"{rows} rows it is given"
+        if name == "beam_search":
+            given = (
+                f"B·K = {rows} rows of the tiled state; keep per-example "
+                "tensors in `state`, not in the closure"
+            )
         raise ValueError(
-            "decoding: `step_fn` logits must be (B, V). "
+            f"{name}: `step_fn` must return logits (B, V) for the {given}. "
             f"Received: logits.shape={tuple(logits.shape)}"
         )
+    vocabulary = logits.shape[1]
+    if end_id is not None and vocabulary is not None and end_id >= vocabulary:
+        raise ValueError(
+            f"{name}: `end_id` must be a token of the vocabulary, below "
+            f"V={vocabulary}. Received: end_id={end_id}"
+        )
     return logits, state, result[2] if len(result) == 3 else None
+
+
+def check_start_ids(name, start_ids) -> np.ndarray:
+    """`start_ids` as int32 NumPy `(B,)`: a non-empty vector of ids."""
+    ids = np.asarray(ops.convert_to_numpy(start_ids))
+    if (
+        ids.ndim != 1
+        or ids.size == 0
+        or not np.issubdtype(ids.dtype, np.integer)
+        or np.any(ids < 0)
+    ):
+        raise ValueError(
+            f"{name}: `start_ids` must be a non-empty (B,) vector of token "
+            f"ids (non-negative integers). Received: start_ids of shape "
+            f"{ids.shape} and dtype {ids.dtype}: {ids!r:.80}"
+        )
+    return ids.astype("int32")
+
+
+def check_end_id(name, end_id) -> int | None:
+    """`end_id` as a Python int (a non-negative integer, or a 0-d integer
+    tensor), or `None`."""
+    if end_id is None:
+        return None
+    value = end_id
+    if hasattr(value, "shape") and not isinstance(value, np.integer):
+        value = np.asarray(ops.convert_to_numpy(value))
+        value = value.item() if value.ndim == 0 else value
+    if (
+        not isinstance(value, (int, np.integer))
+        or isinstance(value, (bool, np.bool_))
+        or value < 0
+    ):
+        raise ValueError(
+            f"{name}: `end_id` must be a token id (a non-negative integer) "
+            f"or None. Received: end_id={end_id!r:.80}"
+        )
+    return int(value)
 
 
 def is_shared(leaf) -> bool:

@@ -65,7 +65,7 @@ def loop_seed_generator():
     return _LOOP_SEED[0]
 
 
-def program(name, step_fn, state, start_ids, options, build):
+def program(name, step_fn, state, start_ids, options, build, end_id):
     """The program kept for this step function, options and input specs.
 
     Args:
@@ -78,6 +78,7 @@ def program(name, step_fn, state, start_ids, options, build):
             program when there is none: `variables` are the Keras
             variables the step function read in the eager check step, a
             spec is `(shape, dtype)` (`None` for a missing attention).
+        end_id: the checked `end_id`, or `None`.
 
     Returns:
         `(program, state, tokens)`: the program and its tensor inputs.
@@ -87,7 +88,7 @@ def program(name, step_fn, state, start_ids, options, build):
     cache_key = (step_fn, options, repr(signature))
     kept = _PROGRAMS.get(cache_key)
     if kept is None:
-        kept = build(*_check_step(name, step_fn, state, tokens))
+        kept = build(*_check_step(name, step_fn, state, tokens, end_id))
         _PROGRAMS[cache_key] = kept
         while len(_PROGRAMS) > _MAX_PROGRAMS:
             _PROGRAMS.popitem(last=False)
@@ -147,13 +148,15 @@ class _ReadRecorder(keras.StatelessScope):
         return None
 
 
-def _check_step(name, step_fn, state, tokens):
+def _check_step(name, step_fn, state, tokens, end_id):
     """One eager step: the state must keep its structure, shapes and
     dtypes. Returns the Keras variables the step reads (they become
     arguments of the JAX program) and the specs of the logits and of the
     attention it returns (`None` if it returns none)."""
     with _ReadRecorder() as recorder:
-        logits, new_state, attention = call_step(step_fn, tokens, state)
+        logits, new_state, attention = call_step(
+            name, step_fn, tokens, state, end_id
+        )
     before = keras.tree.map_structure(_spec, state)
     try:
         after = keras.tree.map_structure(

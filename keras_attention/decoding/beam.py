@@ -20,7 +20,9 @@ from keras_attention._kernels import runtime
 from keras_attention.decoding import _compiled
 from keras_attention.decoding._common import call_step
 from keras_attention.decoding._common import check_batch_major
+from keras_attention.decoding._common import check_end_id
 from keras_attention.decoding._common import check_max_length
+from keras_attention.decoding._common import check_start_ids
 from keras_attention.decoding._common import coverage_score
 from keras_attention.decoding._common import is_shared
 from keras_attention.decoding._common import length_penalty as penalty
@@ -133,7 +135,8 @@ def beam_search(
     coverage_penalty = finite_number(
         "beam_search", "coverage_penalty", coverage_penalty
     )
-    start = np.asarray(ops.convert_to_numpy(start_ids)).astype("int32")
+    start = check_start_ids("beam_search", start_ids)
+    end_id = check_end_id("beam_search", end_id)
     check_batch_major("beam_search", state, start.shape[0])
     state = keras.tree.map_structure(
         lambda x: x if is_shared(x) else ops.repeat(x, beam_width, axis=0),
@@ -245,9 +248,11 @@ def _python_loop(
     step_program, final_program = _programs(end_id)
     beams = None
     for step in range(max_length):
-        logits, state, attention = call_step(step_fn, tokens, state)
+        logits, state, attention = call_step(
+            "beam_search", step_fn, tokens, state, end_id
+        )
         flat = tokens.shape[0]
-        _check_outputs(tuple(logits.shape), attention, flat, beta)
+        _check_attention(attention, flat, beta)
         if beams is None:
             source = 1 if beta is None else attention.shape[-1]
             beams = _initial_beams(
@@ -290,13 +295,15 @@ def _compiled_loop(
     flat = tokens.shape[0]
 
     def build(variables, logits, attention):
-        _check_outputs(logits[0], attention, flat, beta)
+        _check_attention(
+            None if attention is None else attention[0], flat, beta
+        )
         source = 1 if beta is None else attention[0][-1]
         return _build(step_fn, variables, max_length, width, end_id, source)
 
     key = ("beam", max_length, width, end_id, beta is None)
     program, state, tokens = _compiled.program(
-        "beam_search", step_fn, state, tokens, key, build
+        "beam_search", step_fn, state, tokens, key, build, end_id
     )
     return program(state, tokens, alpha, beta)
 
@@ -314,7 +321,9 @@ def _build(step_fn, variables, max_length, width, end_id, source_length):
     def run(values, state, tokens, alpha, beta):
         def body(step, tokens, beams, state):
             with _compiled.reading(taken, values):
-                logits, state, attention = call_step(step_fn, tokens, state)
+                logits, state, attention = call_step(
+                    "beam_search", step_fn, tokens, state, end_id
+                )
             beams, order, tokens = beam_step(
                 beams, logits, attention, step, alpha, beta, end_id
             )
@@ -330,21 +339,23 @@ def _build(step_fn, variables, max_length, width, end_id, source_length):
     return _compiled.compile_program(run, taken)
 
 
-def _check_outputs(logits_shape, attention, flat, beta):
-    """The step function's outputs fit the tiled state: logits for every
-    one of the `B·K` rows, and an attention when a `beta` needs one."""
-    if logits_shape[0] not in (None, flat):
-        raise ValueError(
-            "beam_search: `step_fn` must return logits for the B·K = "
-            f"{flat} rows of the tiled state; keep per-example tensors "
-            "in `state`, not in the closure. "
-            f"Received: logits.shape={logits_shape}"
-        )
-    if beta is not None and attention is None:
+def _check_attention(attention, flat, beta):
+    """With a `beta`, the step function returns an attention `(B·K, S)`
+    (or its shape, from the compiled loop's check step)."""
+    if beta is None:
+        return
+    if attention is None:
         raise ValueError(
             "beam_search: `coverage_penalty` needs a `step_fn` that "
             "returns `(logits, state, attention)`. Received: a "
             "step_fn returning 2 values"
+        )
+    shape = tuple(getattr(attention, "shape", attention))
+    if len(shape) != 2 or shape[0] not in (None, flat):
+        raise ValueError(
+            "beam_search: with `coverage_penalty`, `step_fn` must return "
+            f"an attention (B·K, S) over the source for each of the {flat} "
+            f"rows it is given. Received: attention.shape={shape}"
         )
 
 

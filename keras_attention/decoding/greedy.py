@@ -12,7 +12,9 @@ from keras_attention._core.checks import finite_number
 from keras_attention._core.checks import positive_integer
 from keras_attention.decoding import _compiled
 from keras_attention.decoding._common import call_step
+from keras_attention.decoding._common import check_end_id
 from keras_attention.decoding._common import check_max_length
+from keras_attention.decoding._common import check_start_ids
 from keras_attention.decoding._common import pad
 from keras_attention.decoding._common import without_gradients
 
@@ -65,6 +67,8 @@ def greedy_search(
     """
 
     max_length = check_max_length("greedy_search", max_length)
+    start_ids = check_start_ids("greedy_search", start_ids)
+    end_id = check_end_id("greedy_search", end_id)
     if jit_compile:
         return _compiled_decode(
             "greedy_search",
@@ -77,7 +81,9 @@ def greedy_search(
             key="greedy",
             seed=None,
         )
-    return _decode(step_fn, state, start_ids, max_length, end_id, _argmax)
+    return _decode(
+        "greedy_search", step_fn, state, start_ids, max_length, end_id, _argmax
+    )
 
 
 @without_gradients
@@ -132,6 +138,8 @@ def sample(
         (2, 4)
     """
     max_length = check_max_length("sample", max_length)
+    start_ids = check_start_ids("sample", start_ids)
+    end_id = check_end_id("sample", end_id)
     temperature, top_k, top_p = _checked_sampling(temperature, top_k, top_p)
     if not isinstance(seed, keras.random.SeedGenerator):
         seed = keras.random.SeedGenerator(seed)
@@ -149,7 +157,9 @@ def sample(
             seed=seed,
         )
     choose = _sampler(temperature, top_k, top_p, seed)
-    return _decode(step_fn, state, start_ids, max_length, end_id, choose)
+    return _decode(
+        "sample", step_fn, state, start_ids, max_length, end_id, choose
+    )
 
 
 def _checked_sampling(temperature, top_k, top_p):
@@ -181,13 +191,13 @@ def _next_tokens(logits, finished, step, choose, end_id):
     return tokens, finished
 
 
-def _decode(step_fn, state, start_ids, max_length, end_id, choose):
+def _decode(name, step_fn, state, start_ids, max_length, end_id, choose):
     """The Python loop: any step function, one dispatch per step."""
     tokens = ops.cast(ops.convert_to_tensor(start_ids), "int32")
     finished = ops.zeros(ops.shape(tokens), "bool")
     generated = []
     for step in range(max_length):
-        logits, state, _ = call_step(step_fn, tokens, state)
+        logits, state, _ = call_step(name, step_fn, tokens, state, end_id)
         tokens, finished = _next_tokens(logits, finished, step, choose, end_id)
         generated.append(tokens)
         if end_id is not None and bool(ops.convert_to_numpy(ops.all(finished))):
@@ -208,11 +218,11 @@ def _compiled_decode(
     """
 
     def build(variables, logits, attention):
-        return _build(step_fn, max_length, end_id, choose, variables)
+        return _build(name, step_fn, max_length, end_id, choose, variables)
 
     options = (max_length, end_id, key)
     program, state, tokens = _compiled.program(
-        name, step_fn, state, start_ids, options, build
+        name, step_fn, state, start_ids, options, build, end_id
     )
     loop_seed = _compiled.loop_seed_generator()
     seed_state = (seed if seed is not None else loop_seed).state.value
@@ -222,7 +232,7 @@ def _compiled_decode(
     return ids
 
 
-def _build(step_fn, max_length, end_id, choose, variables):
+def _build(name, step_fn, max_length, end_id, choose, variables):
     """The compiled loop: `_decode`'s steps inside one `ops.while_loop`,
     the ids written into a `(B, max_length)` buffer of `end_id`."""
     seed_variable = _compiled.loop_seed_generator().state
@@ -238,7 +248,9 @@ def _build(step_fn, max_length, end_id, choose, variables):
         def body(step, tokens, finished, ids, state, seed_state):
             extra = [(seed_variable, seed_state)]
             with _compiled.reading(taken, values, extra) as scope:
-                logits, state, _ = call_step(step_fn, tokens, state)
+                logits, state, _ = call_step(
+                    name, step_fn, tokens, state, end_id
+                )
                 tokens, finished = _next_tokens(
                     logits, finished, step, choose, end_id
                 )
@@ -265,7 +277,13 @@ def _sampler(temperature, top_k, top_p, seed):
     """`choose(logits, step)` drawing from the truncated softmax."""
 
     def choose(logits, step):
-        logits = ops.cast(logits, "float32") / temperature
+        # Shifted to a maximum of 0, which stays 0: a small temperature
+        # then sends the other logits to -inf, never the largest to inf
+        # (inf - inf is NaN), and a temperature flushed to zero as a
+        # float32 denormal gives no 0 / 0.
+        logits = ops.cast(logits, "float32")
+        logits = logits - ops.max(logits, axis=-1, keepdims=True)
+        logits = ops.where(logits < 0, logits / temperature, 0.0)
         if top_k is not None:
             logits = _keep_top_k(logits, top_k)
         if top_p is not None:

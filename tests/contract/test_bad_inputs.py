@@ -49,6 +49,13 @@ def step_fn(ids, state):
     return keras.ops.one_hot(ids, 5), state
 
 
+def decode(function, start_ids, **kwargs):
+    """`decoding.<function>` of `step_fn`, 3 tokens (2 beams)."""
+    if function == "beam_search":
+        kwargs["beam_width"] = 2
+    return getattr(decoding, function)(step_fn, (), start_ids, 3, **kwargs)
+
+
 SDPA = "scaled_dot_product_attention"
 MHSA, CROSS = "MultiHeadSelfAttention", "CrossAttention"
 ENC, DEC = "TransformerEncoderBlock", "TransformerDecoderBlock"
@@ -813,6 +820,83 @@ CASES = {
         "top_p",
         lambda: decoding.sample(
             step_fn, (), np.zeros(B, "int32"), 3, top_p=1.5
+        ),
+    ),
+    **{
+        f"{function}-start-ids-{name}": (
+            function,
+            "start_ids",
+            lambda function=function, start=start: decode(function, start),
+        )
+        for function in ("greedy_search", "sample")
+        for name, start in (
+            ("scalar", np.int32(0)),
+            ("matrix", np.zeros((1, 2), "int32")),
+            ("empty", np.zeros(0, "int32")),
+            ("float", np.array([0.7, 2.9])),
+            ("negative", np.array([-1, 0])),
+        )
+    },
+    "beam-start-ids-matrix": (
+        "beam_search",
+        "start_ids",
+        lambda: decoding.beam_search(
+            step_fn, (), np.zeros((1, 2), "int32"), 3, 2
+        ),
+    ),
+    **{
+        f"{function}-end-id-{name}": (
+            function,
+            "end_id",
+            lambda function=function, end=end: decode(
+                function, np.zeros(B, "int32"), end_id=end
+            ),
+        )
+        for function in ("greedy_search", "sample", "beam_search")
+        for name, end in (
+            ("float", 2.5),
+            ("string", "</s>"),
+            ("vector", np.array([3, 4])),
+            ("negative", -1),
+            ("bool", True),
+            ("beyond-vocabulary", 5),
+        )
+    },
+    "greedy-logits-rows": (
+        "greedy_search",
+        "logits.shape=(1, 5)",
+        lambda: decoding.greedy_search(
+            lambda ids, state: (keras.ops.zeros((1, 5)), state),
+            (),
+            np.zeros(B, "int32"),
+            3,
+        ),
+    ),
+    "sample-logits-rows": (
+        "sample",
+        "logits.shape=(1, 5)",
+        lambda: decoding.sample(
+            lambda ids, state: (keras.ops.zeros((1, 5)), state),
+            (),
+            np.zeros(B, "int32"),
+            3,
+            jit_compile=True,
+        ),
+    ),
+    "beam-coverage-attention-shape": (
+        "beam_search",
+        "attention.shape=(2, 4)",
+        lambda: decoding.beam_search(
+            lambda ids, state: (
+                keras.ops.one_hot(ids, 5),
+                state,
+                keras.ops.ones((B, S)),
+            ),
+            (),
+            np.zeros(B, "int32"),
+            3,
+            2,
+            coverage_penalty=0.2,
         ),
     ),
     "plot-weights": (

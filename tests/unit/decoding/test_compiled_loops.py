@@ -76,6 +76,34 @@ def test_greedy_prefix_model(end_id):
     np.testing.assert_array_equal(compiled, python)
 
 
+@pytest.mark.parametrize(
+    "end_id",
+    [np.int64(3), np.array(3), "tensor"],
+    ids=["numpy-int64", "numpy-0d", "tensor-0d"],
+)
+def test_an_end_id_of_any_integer_kind(end_id):
+    """A NumPy or tensor end id is the Python int it holds, in every loop
+    (on TensorFlow an int64 one used to reach the int32 ids buffer)."""
+    if isinstance(end_id, str):
+        end_id = ops.convert_to_tensor(3, "int32")
+
+    def step(ids, state):  # predicts ids + 1, up to 3
+        return ops.one_hot(ops.minimum(ids + 1, 3), 4) * 10.0, state
+
+    starts = np.array([0, 1])
+    want = [[1, 2, 3, 3, 3], [2, 3, 3, 3, 3]]
+    for jit_compile in (False, True):
+        for decode in (greedy_search, sample):
+            ids = decode(
+                step, (), starts, 5, end_id=end_id, jit_compile=jit_compile
+            )
+            assert to_numpy(ids).tolist() == want, (decode, jit_compile)
+        ids, _ = beam_search(
+            step, (), starts, 5, 2, end_id=end_id, jit_compile=jit_compile
+        )
+        assert to_numpy(ids).tolist() == want, ("beam", jit_compile)
+
+
 def test_greedy_attention_decoder():
     g = rng(3)
     embedding = keras.layers.Embedding(9, 6)

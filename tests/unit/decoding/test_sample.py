@@ -34,6 +34,25 @@ def test_top_k_one_sampling_equals_greedy():
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_tiny_temperature_is_greedy(jit_compile):
+    """At τ = 1e-38 the logits divided by τ overflow; shifted by their
+    maximum first, the distribution is all on the likeliest token."""
+    model = PrefixModel(6, sharp=0.3)
+    starts = np.array([0, 1, 2, 0])
+    greedy = greedy_search(model.step, model.initial_state(4), starts, L)
+    cold = sample(
+        model.step,
+        model.initial_state(4),
+        starts,
+        L,
+        temperature=1e-38,
+        seed=3,
+        jit_compile=jit_compile,
+    )
+    np.testing.assert_array_equal(to_numpy(cold), to_numpy(greedy))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
 def test_sampling_is_seeded_and_follows_the_distribution(jit_compile):
     probs = np.array([0.6, 0.3, 0.1])
     logits = ops.convert_to_tensor(
