@@ -429,20 +429,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             ]
         else:
             initial_state = keras.tree.flatten(initial_state)
-        sizes = self._state_sizes()
-        if len(initial_state) != len(sizes) or any(
-            len(s.shape) != 2
-            or s.shape[-1] not in (None, size)
-            or not _same_dim(s.shape[0], encoder_outputs.shape[0])
-            for s, size in zip(initial_state, sizes, strict=False)
-        ):
-            raise ValueError(
-                f"{self._where()}: `initial_state` must be {len(sizes)} "
-                f"tensor(s) (B, size) of sizes {sizes}, with the batch of "
-                f"`encoder_outputs` {tuple(encoder_outputs.shape)}. Received: "
-                "initial_state shapes "
-                f"{[tuple(s.shape) for s in initial_state]}"
-            )
+        self._check_cell_states("initial_state", initial_state, encoder_outputs)
         state = {
             "cell": list(initial_state),
             "keys": self.attention.project_keys(encoder_outputs),
@@ -487,9 +474,72 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
                 f"Received: inputs_t.shape={tuple(inputs_t.shape)}"
             )
         self._check_inputs("inputs_t", inputs_t, encoder_outputs)
+        self._check_state(state, encoder_outputs)
         return self._step(
             inputs_t, state, encoder_outputs, encoder_padding_mask, training
         )
+
+    def _check_cell_states(self, name, states, encoder_outputs):
+        """`states`, a flat list, are the cell's: one `(B, size)` tensor
+        per state size, with the batch of `encoder_outputs`."""
+        sizes = self._state_sizes()
+        if len(states) != len(sizes) or any(
+            len(getattr(s, "shape", ())) != 2
+            or s.shape[-1] not in (None, size)
+            or not _same_dim(s.shape[0], encoder_outputs.shape[0])
+            for s, size in zip(states, sizes, strict=False)
+        ):
+            raise ValueError(
+                f"{self._where()}: `{name}` must be {len(sizes)} "
+                f"tensor(s) (B, size) of sizes {sizes}, with the batch of "
+                f"`encoder_outputs` {tuple(encoder_outputs.shape)}. Received: "
+                f"{name} shapes "
+                f"{[tuple(getattr(s, 'shape', ())) for s in states]}"
+            )
+
+    def _check_state(self, state, encoder_outputs):
+        """A `state` given to `step` is one `get_initial_state` or `step`
+        made for these `encoder_outputs`."""
+        required = ["cell", "keys"]
+        if self.flow == "luong" and self.input_feeding:
+            required.append("feed")
+        if not isinstance(state, dict) or not set(required) <= set(state):
+            received = type(state).__name__
+            if isinstance(state, dict):
+                missing = [key for key in required if key not in state]
+                received = f"a dict without {missing} (keys {sorted(state)})"
+            raise ValueError(
+                f"{self._where()}: `state` must be the dict of "
+                f"`get_initial_state` or of the previous step, with keys "
+                f"{required}. Received: {received}"
+            )
+        self._check_cell_states(
+            "state['cell']", keras.tree.flatten(state["cell"]), encoder_outputs
+        )
+        keys = state["keys"]
+        if len(keys.shape) != 3 or not all(
+            _same_dim(a, b)
+            for a, b in zip(
+                keys.shape[:2], encoder_outputs.shape[:2], strict=True
+            )
+        ):
+            raise ValueError(
+                f"{self._where()}: `state['keys']` must be the keys "
+                "`get_initial_state` projected from these `encoder_outputs` "
+                f"{tuple(encoder_outputs.shape)}: (B, S, units). Received: "
+                f"state['keys'].shape={tuple(keys.shape)}"
+            )
+        feed = state.get("feed")
+        if "feed" in required and (
+            len(feed.shape) != 2
+            or not _same_dim(feed.shape[0], encoder_outputs.shape[0])
+            or feed.shape[-1] not in (None, self._feed_dim)
+        ):
+            raise ValueError(
+                f"{self._where()}: `state['feed']` must be the previous "
+                f"attentional output (B, {self._feed_dim}). Received: "
+                f"state['feed'].shape={tuple(feed.shape)}"
+            )
 
     def _step(
         self,

@@ -5,6 +5,7 @@ D model dim, N heads, K key/value heads, H head dim.
 """
 
 import keras
+import numpy as np
 
 from keras_attention._core.checks import positive_integer
 from keras_attention.layers import checks
@@ -372,12 +373,34 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 self._where(),
             )
         }
+        checks.check_source(
+            where, self.cross_attention is not None, encoder_outputs, None, None
+        )
         if self.cross_attention is not None:
-            checks.check_source(
-                self._where(), True, encoder_outputs, None, None
-            )
+            self._check_encoder_outputs(where, encoder_outputs, batch_size)
             cache["cross"] = self.cross_attention.compute_cache(encoder_outputs)
         return cache
+
+    def _check_encoder_outputs(self, where, encoder_outputs, batch_size):
+        """`encoder_outputs` for `init_cache`: `(batch_size, S, De)`, with
+        the feature dim the block was built with."""
+        shape = tuple(encoder_outputs.shape)
+        batch = checks.static_dim(shape[0]) if shape else None
+        if len(shape) != 3 or (
+            batch is not None
+            and isinstance(batch_size, (int, np.integer))
+            and batch != batch_size
+        ):
+            raise ValueError(
+                f"{where}: `encoder_outputs` must be (B, S, De) with "
+                f"B = batch_size = {batch_size}. Received: "
+                f"encoder_outputs.shape={shape}"
+            )
+        expected = self.cross_attention._input_dims["key"]
+        if expected is not None:
+            checks.check_built_dim(
+                where, "encoder_outputs", encoder_outputs, expected
+            )
 
     def _check_call(
         self,

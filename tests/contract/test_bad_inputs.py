@@ -1303,6 +1303,27 @@ def built_decoder():
     return built(ka.TransformerDecoderBlock(2, 16), x(B, T, D))
 
 
+def built_cross_decoder():
+    block = ka.TransformerDecoderBlock(2, 16)
+    block(x(B, T, D), x(B, S, D))
+    return block
+
+
+def decoder_step(edit, luong=False):
+    """`AttentionDecoder.step` with the state of `get_initial_state`
+    changed by `edit(state)`."""
+    if luong:
+        decoder = ka.AttentionDecoder(
+            keras.layers.GRUCell(D), ka.LuongAttention("general"), flow="luong"
+        )
+    else:
+        decoder = gru_decoder()
+    source = x(B, S, D)
+    decoder(x(B, T, D), source)
+    state = edit(decoder.get_initial_state(source))
+    return lambda: decoder.step(x(B, D), state, source)
+
+
 CASES.update(
     {
         # Calls after build: the feature dims it was built with.
@@ -1375,6 +1396,69 @@ CASES.update(
             DEC,
             "dtype='int32'",
             lambda: built_decoder().init_cache(2, 4, dtype="int32"),
+        ),
+        "init-cache-encoder-batch": (
+            DEC,
+            "encoder_outputs.shape=(3, 4, 8)",
+            lambda: built_cross_decoder().init_cache(
+                B, 4, encoder_outputs=x(3, S, D)
+            ),
+        ),
+        "init-cache-encoder-rank": (
+            DEC,
+            "encoder_outputs.shape=(2, 8)",
+            lambda: built_cross_decoder().init_cache(
+                B, 4, encoder_outputs=x(B, D)
+            ),
+        ),
+        "init-cache-encoder-dim": (
+            DEC,
+            "encoder_outputs.shape=(2, 4, 6)",
+            lambda: built_cross_decoder().init_cache(
+                B, 4, encoder_outputs=x(B, S, 6)
+            ),
+        ),
+        "init-cache-encoder-without-cross": (
+            DEC,
+            "encoder_outputs",
+            lambda: built_decoder().init_cache(
+                B, 4, encoder_outputs=x(B, S, D)
+            ),
+        ),
+        "decoder-step-state-list": (
+            "AttentionDecoder",
+            "list",
+            lambda: decoder_step(lambda state: list(state.values()))(),
+        ),
+        "decoder-step-state-keys": (
+            "AttentionDecoder",
+            "without ['keys']",
+            lambda: decoder_step(lambda state: {"cell": state["cell"]})(),
+        ),
+        "decoder-step-cell-size": (
+            "AttentionDecoder",
+            "state['cell'] shapes [(2, 3)]",
+            lambda: decoder_step(lambda state: {**state, "cell": [x(B, 3)]})(),
+        ),
+        "decoder-step-keys-batch": (
+            "AttentionDecoder",
+            "state['keys'].shape=(3, 4, 4)",
+            lambda: decoder_step(lambda state: {**state, "keys": x(3, S, 4)})(),
+        ),
+        "decoder-step-feed": (
+            "AttentionDecoder",
+            "state['feed'].shape=(2, 3)",
+            lambda: decoder_step(
+                lambda state: {**state, "feed": x(B, 3)}, luong=True
+            )(),
+        ),
+        "decoder-step-no-feed": (
+            "AttentionDecoder",
+            "without ['feed']",
+            lambda: decoder_step(
+                lambda state: {k: v for k, v in state.items() if k != "feed"},
+                luong=True,
+            )(),
         ),
     }
 )
