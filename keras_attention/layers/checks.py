@@ -70,11 +70,18 @@ def check_head_arguments(
     sliding_window=None,
     alibi=False,
     logit_soft_cap=None,
+    use_bias=True,
+    use_rotary=False,
 ):
     """The constructor arguments of multi-head attention (the layers and
     the blocks), checked before anything is built."""
     check_positive_int(where, "num_heads", num_heads)
-    check_flag(where, "use_qk_norm", use_qk_norm)
+    for name, flag in (
+        ("use_qk_norm", use_qk_norm),
+        ("use_bias", use_bias),
+        ("use_rotary", use_rotary),
+    ):
+        check_flag(where, name, flag)
     for name, value in (
         ("key_dim", key_dim),
         ("value_dim", value_dim),
@@ -95,6 +102,26 @@ def check_head_arguments(
         logit_soft_cap=logit_soft_cap,
     )  # checks the structural arguments
     check_dropout(where, dropout)
+
+
+def head_dim(where, name, shape, num_heads, key_dim, use_rotary=False):
+    """The head dim of multi-head attention over features of `shape`
+    (`key_dim`, else the model dim split in `num_heads`), even for rotary
+    embeddings; `name` is the argument `shape` is of."""
+    model_dim = shape[-1]
+    if key_dim is None and model_dim % num_heads:
+        raise ValueError(
+            f"{where}: the model dim must be divisible by `num_heads` when "
+            f"`key_dim` is not given. Received: {name}.shape={tuple(shape)}, "
+            f"num_heads={num_heads}"
+        )
+    dim = key_dim or model_dim // num_heads
+    if use_rotary and dim % 2:
+        raise ValueError(
+            f"{where}: `use_rotary=True` needs an even head dim. "
+            f"Received: key_dim={dim}"
+        )
+    return dim
 
 
 def check_dropout(where: str, dropout):

@@ -135,6 +135,9 @@ class CrossAttention(MultiHeadCore):
         key_mask=None,
     ):
         batch, length = query.shape[0], query.shape[1]
+        checks.check_flag(
+            self._where(), "return_attention_scores", return_attention_scores
+        )
         checks.check_start_index(self._where(), start_index)
         if cache is None:
             names = ("value" if key is None else "key", "value")

@@ -81,6 +81,7 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             sliding_window=sliding_window,
             alibi=alibi,
             logit_soft_cap=logit_soft_cap,
+            use_bias=use_bias,
         )
         self.supports_masking = True
 
@@ -216,27 +217,30 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
     def _where(self):
         return f"{type(self).__name__} (layer '{self.name}')"
 
-    def _build_heads(self, query_shape, key_shape, value_shape, name=None):
+    def _build_heads(
+        self, query_shape, key_shape, value_shape, name=None, use_rotary=False
+    ):
         """Creates the projections for inputs of the given shapes.
 
         `name` is the argument error messages name for all three (a
-        self-attention layer's single `inputs`).
+        self-attention layer's single `inputs`); `use_rotary` asks for an
+        even head dim.
         """
         self._check_input_shapes(query_shape, key_shape, value_shape, name)
         model_dim = query_shape[-1]
-        if self.key_dim is None and model_dim % self.num_heads:
-            raise ValueError(
-                f"{self._where()}: the model dim must be divisible by "
-                "`num_heads` when `key_dim` is not given. Received: "
-                f"{name or 'query'}.shape={tuple(query_shape)}, "
-                f"num_heads={self.num_heads}"
-            )
         self._input_dims = {
             "query": model_dim,
             "key": key_shape[-1],
             "value": value_shape[-1],
         }
-        self._head_dim = self.key_dim or model_dim // self.num_heads
+        self._head_dim = checks.head_dim(
+            self._where(),
+            name or "query",
+            query_shape,
+            self.num_heads,
+            self.key_dim,
+            use_rotary,
+        )
         self._value_head_dim = self.value_dim or self._head_dim
         n, k = self.num_heads, self.kv_heads
         h, v = self._head_dim, self._value_head_dim

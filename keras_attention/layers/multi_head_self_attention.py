@@ -214,19 +214,19 @@ class MultiHeadSelfAttention(MultiHeadCore):
             score_mod=score_mod,
             **kwargs,
         )
+        checks.check_flag(self._where(), "use_rotary", use_rotary)
         self.use_rotary = use_rotary
         self.max_wavelength = max_wavelength
 
     def build(self, inputs_shape):
         self._build_heads(
-            inputs_shape, inputs_shape, inputs_shape, name="inputs"
+            inputs_shape,
+            inputs_shape,
+            inputs_shape,
+            name="inputs",
+            use_rotary=self.use_rotary,
         )
         if self.use_rotary:
-            if self._head_dim % 2:
-                raise ValueError(
-                    f"{self._where()}: `use_rotary=True` needs an even head "
-                    f"dim. Received: key_dim={self._head_dim}"
-                )
             self.rotary_embedding = RotaryEmbedding(
                 self.max_wavelength,
                 dtype=policy_for(self, "rotary_embedding"),
@@ -255,6 +255,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
         inputs_mask=None,
     ):
         checks.check_flag(self._where(), "use_causal_mask", use_causal_mask)
+        checks.check_flag(
+            self._where(), "return_attention_scores", return_attention_scores
+        )
         if cache is not None:
             if segment_ids is not None:
                 raise ValueError(

@@ -7,6 +7,7 @@ Shape legend: B batch, T sequence length, D model dim, F intermediate dim.
 import keras
 
 from keras_attention._core import Structure
+from keras_attention._core.checks import real_number
 from keras_attention._core.mods import check_mod
 from keras_attention._core.mods import serialize_mod
 from keras_attention.layers import checks
@@ -61,8 +62,8 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         if isinstance(sliding_window, list):  # from a JSON config
             sliding_window = tuple(sliding_window)
         checks.check_positive_int(where, "intermediate_dim", intermediate_dim)
-        checks.check_flag(where, "use_bias", use_bias)
         checks.check_flag(where, "use_rms_norm", use_rms_norm)
+        checks.check_flag(where, "normalize_first", normalize_first)
         # The self-attention's arguments, checked here: it is made in
         # `build`, but bad arguments fail at construction.
         checks.check_head_arguments(
@@ -75,8 +76,10 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
             sliding_window=sliding_window,
             alibi=alibi,
             logit_soft_cap=logit_soft_cap,
+            use_bias=use_bias,
+            use_rotary=use_rotary,
         )
-        if not layer_norm_epsilon > 0:
+        if not (real_number(layer_norm_epsilon) and layer_norm_epsilon > 0):
             raise ValueError(
                 f"{where}: `layer_norm_epsilon` must be positive. "
                 f"Received: layer_norm_epsilon={layer_norm_epsilon}"
@@ -180,6 +183,15 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
 
     def _build_self_attention(self, inputs_shape):
         """The self-attention sublayer, its LayerNorm and its dropout."""
+        # Checked under the block's name, not the sublayer's.
+        checks.head_dim(
+            self._where(),
+            "inputs",
+            inputs_shape,
+            self.num_heads,
+            self.key_dim,
+            self.use_rotary,
+        )
         self.self_attention = MultiHeadSelfAttention(
             self.num_heads,
             key_dim=self.key_dim,

@@ -212,6 +212,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
         encoder_outputs_mask=None,
         encoder_attention_mask=None,
     ):
+        checks.check_flag(
+            self._where(), "return_attention_scores", return_attention_scores
+        )
         if padding_mask is None and cache is None:
             padding_mask = mask if mask is not None else inputs_mask
         if encoder_padding_mask is None:

@@ -5,6 +5,7 @@ Shape legend: B batch, T sequence length, D model dim, N heads.
 
 import keras
 
+from keras_attention.layers import checks
 from keras_attention.layers.transformer_block_base import TransformerBlockBase
 
 
@@ -128,6 +129,9 @@ class TransformerEncoderBlock(TransformerBlockBase):
         mask=None,
         inputs_mask=None,
     ):
+        checks.check_flag(
+            self._where(), "return_attention_scores", return_attention_scores
+        )
         if padding_mask is None:
             padding_mask = mask if mask is not None else inputs_mask
         self._check_built_dims(inputs)

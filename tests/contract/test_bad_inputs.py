@@ -492,6 +492,83 @@ CASES = {
         "dropout=nan",
         lambda: ka.TransformerEncoderBlock(2, 8, dropout=float("nan")),
     ),
+    **{
+        f"{who}-{name}-string": (
+            who,
+            f"{name}='False'",
+            lambda make=make, name=name: make(**{name: "False"}),
+        )
+        for who, make, names in (
+            (
+                MHSA,
+                lambda **kw: ka.MultiHeadSelfAttention(2, **kw),
+                ("use_bias", "use_rotary", "use_qk_norm", "alibi"),
+            ),
+            (CROSS, lambda **kw: ka.CrossAttention(2, **kw), ("use_bias",)),
+            *(
+                (
+                    block.__name__,
+                    lambda block=block, **kw: block(2, 8, **kw),
+                    ("normalize_first", "use_rotary", "use_bias"),
+                )
+                for block in (
+                    ka.TransformerEncoderBlock,
+                    ka.TransformerDecoderBlock,
+                )
+            ),
+        )
+        for name in names
+    },
+    **{
+        f"{who}-return-attention-scores-string": (
+            who,
+            "return_attention_scores='no'",
+            call,
+        )
+        for who, call in (
+            (
+                MHSA,
+                lambda: ka.MultiHeadSelfAttention(2)(
+                    x(B, T, D), return_attention_scores="no"
+                ),
+            ),
+            (
+                CROSS,
+                lambda: ka.CrossAttention(2)(
+                    x(B, T, D), x(B, S, D), return_attention_scores="no"
+                ),
+            ),
+            (
+                ENC,
+                lambda: ka.TransformerEncoderBlock(2, 8)(
+                    x(B, T, D), return_attention_scores="no"
+                ),
+            ),
+            (
+                DEC,
+                lambda: ka.TransformerDecoderBlock(2, 8)(
+                    x(B, T, D), return_attention_scores="no"
+                ),
+            ),
+        )
+    },
+    "encoder-epsilon-none": (
+        ENC,
+        "layer_norm_epsilon=None",
+        lambda: ka.TransformerEncoderBlock(2, 8, layer_norm_epsilon=None),
+    ),
+    "encoder-divisible": (
+        ENC,
+        "inputs.shape=(2, 3, 8)",
+        lambda: ka.TransformerEncoderBlock(3, 8)(x(B, T, D)),
+    ),
+    "decoder-odd-rotary-head": (
+        DEC,
+        "key_dim=3",
+        lambda: ka.TransformerDecoderBlock(2, 8, key_dim=3, use_rotary=True)(
+            x(B, T, D)
+        ),
+    ),
     "mhsa-heads-float": (
         MHSA,
         "num_heads",
