@@ -7,6 +7,7 @@ from keras import ops
 from keras_attention import _core
 from keras_attention import functional
 from keras_attention._core.checks import check_flag as check_flag
+from keras_attention._core.checks import finite_number
 from keras_attention._core.checks import real_number
 from keras_attention._kernels import static_dim
 from keras_attention._kernels import static_int
@@ -122,6 +123,18 @@ def head_dim(where, name, shape, num_heads, key_dim, use_rotary=False):
             f"Received: key_dim={dim}"
         )
     return dim
+
+
+def check_wavelength(where: str, max_wavelength) -> float:
+    """`max_wavelength` of sinusoidal or rotary positions: a finite
+    positive number."""
+    value = finite_number(where, "max_wavelength", max_wavelength)
+    if value <= 0:
+        raise ValueError(
+            f"{where}: `max_wavelength` must be positive. "
+            f"Received: max_wavelength={max_wavelength!r}"
+        )
+    return value
 
 
 def check_dropout(where: str, dropout):

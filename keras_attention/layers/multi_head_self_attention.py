@@ -216,7 +216,9 @@ class MultiHeadSelfAttention(MultiHeadCore):
         )
         checks.check_flag(self._where(), "use_rotary", use_rotary)
         self.use_rotary = use_rotary
-        self.max_wavelength = max_wavelength
+        self.max_wavelength = checks.check_wavelength(
+            self._where(), max_wavelength
+        )
 
     def build(self, inputs_shape):
         self._build_heads(

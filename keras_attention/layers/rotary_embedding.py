@@ -62,12 +62,9 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def __init__(self, max_wavelength: float = 10000.0, **kwargs):
         super().__init__(**kwargs)
-        if max_wavelength <= 0:
-            raise ValueError(
-                f"RotaryEmbedding (layer '{self.name}'): `max_wavelength` "
-                f"must be positive. Received: max_wavelength={max_wavelength}"
-            )
-        self.max_wavelength = max_wavelength
+        self.max_wavelength = checks.check_wavelength(
+            f"RotaryEmbedding (layer '{self.name}')", max_wavelength
+        )
         self.supports_masking = True
 
     def build(self, inputs_shape):

@@ -52,6 +52,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         score_mod=None,
         use_bias: bool = True,
         use_rms_norm: bool = False,
+        max_wavelength: float = 10000.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -101,6 +102,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
         self.use_qk_norm = use_qk_norm
         self.use_bias = bool(use_bias)
         self.use_rms_norm = bool(use_rms_norm)
+        self.max_wavelength = checks.check_wavelength(where, max_wavelength)
         self.supports_masking = True
 
     def get_config(self):
@@ -129,6 +131,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
                 "score_mod": serialize_mod(self.score_mod),
                 "use_bias": self.use_bias,
                 "use_rms_norm": self.use_rms_norm,
+                "max_wavelength": self.max_wavelength,
             }
         )
         return sublayers.dtype_config(self, config)
@@ -198,6 +201,7 @@ class TransformerBlockBase(LoraMixin, keras.layers.Layer):
             dropout=self.dropout,
             num_key_value_heads=self.num_key_value_heads,
             use_rotary=self.use_rotary,
+            max_wavelength=self.max_wavelength,
             kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer,
             sliding_window=self.sliding_window,

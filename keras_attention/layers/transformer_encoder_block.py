@@ -68,6 +68,8 @@ class TransformerEncoderBlock(TransformerBlockBase):
             Llama use, in place of LayerNorm: $x / \\operatorname{RMS}(x)$
             times a learned scale, without centring or shift. Defaults to
             `False`.
+        max_wavelength (float): Longest rotary wavelength (with
+            `use_rotary`; Llama 3 uses `500000.0`). Defaults to `10000.0`.
         **kwargs (Any): Base `keras.layers.Layer` arguments (`name`, `dtype`,
             ...).
 

@@ -552,6 +552,25 @@ CASES = {
             ),
         )
     },
+    **{
+        f"{who}-max-wavelength-{name}": (
+            who,
+            f"max_wavelength={value!r}",
+            lambda make=make, value=value: make(max_wavelength=value),
+        )
+        for who, make in (
+            (MHSA, lambda **kw: ka.MultiHeadSelfAttention(2, **kw)),
+            (ENC, lambda **kw: ka.TransformerEncoderBlock(2, 8, **kw)),
+            (DEC, lambda **kw: ka.TransformerDecoderBlock(2, 8, **kw)),
+            ("RotaryEmbedding", ka.RotaryEmbedding),
+            ("PositionalEncoding", ka.PositionalEncoding),
+        )
+        for name, value in (
+            ("string", "1e4"),
+            ("negative", -1.0),
+            ("nan", None),
+        )
+    },
     "encoder-epsilon-none": (
         ENC,
         "layer_norm_epsilon=None",

@@ -49,6 +49,7 @@ SAVED = _saved_layers()
 ADDED_LAYERS = {"RelativePositionBias"}
 ADDED_ARGUMENTS = {
     "attention_activation": "tanh",
+    "max_wavelength": 10000.0,
     "score_mod": None,
     "use_bias": True,
     "use_rms_norm": False,

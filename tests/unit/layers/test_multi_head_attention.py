@@ -25,10 +25,21 @@ def padding(length=T, lengths=(4, None)):
 
 
 def named_weights(layer):
-    return {w.path.split("/", 1)[1]: to_numpy(w) for w in layer.weights}
+    """`{"sublayer/weight": value}`, also for a layer inside a block."""
+    return {
+        "/".join(w.path.split("/")[-2:]): to_numpy(w) for w in layer.weights
+    }
 
 
-def np_multi_head(layer, query, key_value, mask=None, causal=False, start=0):
+def np_multi_head(
+    layer,
+    query,
+    key_value,
+    mask=None,
+    causal=False,
+    start=0,
+    max_wavelength=10000.0,
+):
     """NumPy multi-head attention from the layer's own weights."""
     w = named_weights(layer)
     q = np.einsum("btd,dnh->btnh", query, w["query_dense/kernel"])
@@ -38,7 +49,8 @@ def np_multi_head(layer, query, key_value, mask=None, causal=False, start=0):
     k = k + w["key_dense/bias"]
     v = v + w["value_dense/bias"]
     if getattr(layer, "use_rotary", False):  # self-attention only
-        q, k = np_rotary(q, start), np_rotary(k, start)
+        q = np_rotary(q, start, max_wavelength)
+        k = np_rotary(k, start, max_wavelength)
     heads, weights = np_sdpa(q, k, v, mask=mask, causal=causal)
     out = np.einsum("btnh,nhd->btd", heads, w["output_dense/kernel"])
     return out + w["output_dense/bias"], weights

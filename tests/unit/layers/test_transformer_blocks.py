@@ -230,6 +230,31 @@ def test_encoder_padded_values_do_not_change_real_outputs():
     np.testing.assert_allclose(out_garbage[0, :3], out[0, :3], atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "block_type", [TransformerEncoderBlock, TransformerDecoderBlock]
+)
+def test_rotary_wavelength_reaches_the_attention(block_type):
+    """`max_wavelength` (Llama 3's 500000, here 50) sets the block's rotary
+    angles: its weights are those of NumPy attention over rotated queries
+    and keys with that wavelength (post-LN: the attention sees `x`)."""
+    from tests.unit.layers.test_multi_head_attention import np_multi_head
+
+    x = data()
+    block = block_type(4, F, use_rotary=True, max_wavelength=50.0)
+    _, scores = block(x, return_attention_scores=True)
+    if isinstance(scores, dict):
+        scores = scores["self"]
+    causal = block_type is TransformerDecoderBlock
+    want = np_multi_head(
+        block.self_attention, x, x, causal=causal, max_wavelength=50.0
+    )[1]
+    np.testing.assert_allclose(to_numpy(scores), want, atol=1e-5)
+    default = np_multi_head(block.self_attention, x, x, causal=causal)[1]
+    assert np.abs(default - want).max() > 1e-3
+    again = block_type.from_config(block.get_config())
+    assert again.max_wavelength == 50.0
+
+
 DECODER_CONFIGS = {
     "mha": {},
     "gqa": {"num_key_value_heads": 2},
