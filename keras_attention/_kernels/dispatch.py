@@ -146,7 +146,11 @@ _forced = {"path": None, "chunk_size": None}
 
 @contextlib.contextmanager
 def force(path, chunk_size=None, flex=None):
-    """Runs every attention call inside the context on `path`.
+    """Runs every attention call inside the context on `path`, or on the
+    reference where that path cannot take the call (a fused kernel given
+    a soft cap or score mod it has no option for, the blockwise path
+    given an empty or unknown length, any call whose weights are
+    returned); `explain` names the path that runs and why.
 
     Args:
         path: str. A name in `PATHS`, whatever the lengths or the device.
