@@ -79,7 +79,8 @@ def beam_search(
 
     Args:
         step_fn (Callable): `(token_ids, state) -> (logits, state[, attn])`;
-            `attn` `(B·K, S)` is required when `coverage_penalty > 0`.
+            `attn` `(B·K, S)` (or `(B·K, 1, S)`) is required when
+            `coverage_penalty > 0`.
         state (Any): A nested structure of batch-major tensors `(B, ...)`.
             Every leaf with a leading axis must have `B` rows: it is tiled to
             `B·K` rows and reordered with the beams. Leaves of rank 0 and
@@ -164,7 +165,8 @@ def beam_step(beams, logits, attention, step, alpha, beta, end_id):
     Args:
         beams: `Beams` before the step.
         logits: `(B·K, V)`, the step function's logits for the beams.
-        attention: `(B·K, S)`, its alignment (read only with a `beta`).
+        attention: `(B·K, S)` or `(B·K, 1, S)`, its alignment (read only
+            with a `beta`).
         step: the index of the token produced (an int or int32 tensor).
         alpha: the length penalty α, a float32 scalar.
         beta: the coverage penalty β, a float32 scalar, or `None` for none.
@@ -351,11 +353,16 @@ def _check_attention(attention, flat, beta):
             "step_fn returning 2 values"
         )
     shape = tuple(getattr(attention, "shape", attention))
-    if len(shape) != 2 or shape[0] not in (None, flat):
+    if (
+        len(shape) < 2
+        or shape[0] not in (None, flat)
+        or any(dim != 1 for dim in shape[1:-1])
+    ):
         raise ValueError(
             "beam_search: with `coverage_penalty`, `step_fn` must return "
-            f"an attention (B·K, S) over the source for each of the {flat} "
-            f"rows it is given. Received: attention.shape={shape}"
+            f"an attention (B·K, S) over the source (or (B·K, 1, S)) for "
+            f"each of the {flat} rows it is given. "
+            f"Received: attention.shape={shape}"
         )
 
 

@@ -591,7 +591,7 @@ class AttentionDecoder(LoraMixin, keras.layers.Layer):
             else ops.copy(inputs_t)
         )
         cell_state = keras.tree.pack_sequence_as(
-            _as_list(self.cell.state_size), state["cell"]
+            _as_list(self.cell.state_size), keras.tree.flatten(state["cell"])
         )  # nested as the cell's (StackedRNNCells: a list per cell)
         output, new_cell = self.cell(cell_input, cell_state, training=training)
         new_state = {

@@ -120,7 +120,8 @@ def head_dim(where, name, shape, num_heads, key_dim, use_rotary=False):
     if use_rotary and dim % 2:
         raise ValueError(
             f"{where}: `use_rotary=True` needs an even head dim. "
-            f"Received: key_dim={dim}"
+            f"Received: head dim {dim} (key_dim={key_dim}, "
+            f"{name}.shape={tuple(shape)}, num_heads={num_heads})"
         )
     return dim
 

@@ -169,6 +169,31 @@ def test_coverage_ranks_only_ended_hypotheses():
     )
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_one_query_attention_is_the_same_coverage(jit_compile):
+    """A step's attention as one query's weights `(B·K, 1, S)`, as a
+    cross-attention layer returns them averaged over heads, ranks as its
+    `(B·K, S)` rows do."""
+    probabilities = [[0.98, 0.01, 0.01], [0.5, 0.4, 0.1], [0.5, 0.3, 0.2]]
+    attention = [[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]]
+    flat = bigram(probabilities, attention)
+
+    def one_query(ids, state):
+        logits, state, weights = flat(ids, state)
+        return logits, state, ops.expand_dims(weights, 1)
+
+    results = [
+        beam_search(
+            step, (), np.array([2, 1]), 3, 2, end_id=0,
+            coverage_penalty=1.0, return_all_beams=True,
+            jit_compile=jit_compile,
+        )
+        for step in (flat, one_query)
+    ]  # fmt: skip
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(to_numpy(b), to_numpy(a))
+
+
 @pytest.mark.parametrize("end_id", [None, 0])
 def test_beam_width_one_equals_greedy(end_id):
     model = PrefixModel(3)

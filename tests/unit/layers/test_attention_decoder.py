@@ -81,6 +81,24 @@ def test_step_by_step_equals_teacher_forcing(cell, attention, flow):
     )
 
 
+def test_a_nested_cell_state_steps_as_the_flat_one():
+    """`step` takes a stacked cell's state nested per cell, as the cell
+    keeps it, or flat, as `get_initial_state` returns it."""
+    targets, encoded, mask = inputs()
+    layer = decoder("stacked", "bahdanau")
+    layer(targets, encoded)  # builds it
+    state = layer.get_initial_state(encoded, mask)
+    g = rng(1)
+    flat = [g.normal(size=(B, n)).astype("float32") for n in (8, U, U)]
+    nested = [flat[0], [flat[1], flat[2]]]
+    results = [
+        layer.step(targets[:, 0], {**state, "cell": cell}, encoded, mask)
+        for cell in (flat, nested)
+    ]
+    for a, b in zip(*(keras.tree.flatten(r) for r in results), strict=True):
+        np.testing.assert_array_equal(to_numpy(b), to_numpy(a))
+
+
 @pytest.mark.parametrize("cell", CELLS)
 def test_bahdanau_flow_equations(cell):
     """s_t = RNN([y_{t-1}; c_t], s_{t-1}) with c_t scored by s_{t-1}."""
