@@ -42,6 +42,7 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python scripts/architecture_figures.py --check
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

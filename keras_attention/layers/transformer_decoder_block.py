@@ -5,10 +5,9 @@ D model dim, N heads, K key/value heads, H head dim.
 """
 
 import keras
-import numpy as np
 
-from keras_attention._core.checks import positive_integer
 from keras_attention.layers import checks
+from keras_attention.layers import decoder_checks
 from keras_attention.layers import kv_cache
 from keras_attention.layers.cross_attention import CrossAttention
 from keras_attention.layers.sublayers import policy_for
@@ -168,7 +167,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         self._build_self_attention(inputs_shape)
         self.cross_attention = None
         if encoder_outputs_shape is not None:
-            checks.check_encoder_outputs_shape(
+            decoder_checks.check_encoder_outputs_shape(
                 self._where(), inputs_shape, encoder_outputs_shape
             )
             self.cross_attention = CrossAttention(
@@ -270,7 +269,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         self._check_inputs_shape(inputs_shape)
         if encoder_outputs_shape is not None:
-            checks.check_encoder_outputs_shape(
+            decoder_checks.check_encoder_outputs_shape(
                 self._where(), inputs_shape, encoder_outputs_shape
             )
         return tuple(inputs_shape)
@@ -351,23 +350,10 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 window's reach `R` is shorter than `max_length`; with
                 cross-attention also `"cross": (B, 2, S, K, H)`.
         """
-        if not self.built:
-            raise ValueError(
-                f"{type(self).__name__} (layer '{self.name}'): call or build "
-                "the block before `init_cache`, so that its head sizes are "
-                "known. Received: an unbuilt block"
-            )
         where = f"{type(self).__name__}.init_cache (layer '{self.name}')"
-        if not hasattr(batch_size, "shape"):  # a traced batch is no int
-            positive_integer(where, "batch_size", batch_size)
-        checks.check_positive_int(where, "max_length", max_length)
-        if dtype is not None and "float" not in keras.backend.standardize_dtype(
-            dtype
-        ):
-            raise ValueError(
-                f"{where}: `dtype` must be a floating-point dtype. "
-                f"Received: dtype={dtype!r}"
-            )
+        decoder_checks.check_init_cache(
+            where, self.built, batch_size, max_length, dtype
+        )
         attention = self.self_attention
         cache = {
             "self": kv_cache.empty(
@@ -378,34 +364,18 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 self._where(),
             )
         }
-        checks.check_source(
+        decoder_checks.check_source(
             where, self.cross_attention is not None, encoder_outputs, None, None
         )
         if self.cross_attention is not None:
-            self._check_encoder_outputs(where, encoder_outputs, batch_size)
+            decoder_checks.check_cache_source_shape(
+                where,
+                encoder_outputs,
+                batch_size,
+                self.cross_attention._input_dims["key"],
+            )
             cache["cross"] = self.cross_attention.compute_cache(encoder_outputs)
         return cache
-
-    def _check_encoder_outputs(self, where, encoder_outputs, batch_size):
-        """`encoder_outputs` for `init_cache`: `(batch_size, S, De)`, with
-        the feature dim the block was built with."""
-        shape = tuple(encoder_outputs.shape)
-        batch = checks.static_dim(shape[0]) if shape else None
-        if len(shape) != 3 or (
-            batch is not None
-            and isinstance(batch_size, (int, np.integer))
-            and batch != batch_size
-        ):
-            raise ValueError(
-                f"{where}: `encoder_outputs` must be (B, S, De) with "
-                f"B = batch_size = {batch_size}. Received: "
-                f"encoder_outputs.shape={shape}"
-            )
-        expected = self.cross_attention._input_dims["key"]
-        if expected is not None:
-            checks.check_built_dim(
-                where, "encoder_outputs", encoder_outputs, expected
-            )
 
     def _check_call(
         self,
@@ -426,7 +396,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         _, cross_cache = self._split_cache(cache)
         where = self._where()
         self._check_built_dims(inputs, encoder_outputs)
-        checks.check_source(
+        decoder_checks.check_source(
             where,
             getattr(self, "cross_attention", None) is not None,
             encoder_outputs,
@@ -435,7 +405,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             length=inputs.shape[1],
         )
         checks.check_flag(where, "use_causal_mask", use_causal_mask)
-        cross_segments = checks.cross_segment_ids(
+        cross_segments = decoder_checks.cross_segment_ids(
             where,
             inputs,
             segment_ids,

@@ -437,6 +437,18 @@ CASES = {
         "attention_activation",
         lambda: gru_decoder(flow="luong", attention_activation="squash"),
     ),
+    "decoder-input-feeding": (
+        "AttentionDecoder",
+        "input_feeding='no'",
+        lambda: gru_decoder(flow="luong", input_feeding="no"),
+    ),
+    "decoder-scores-flag": (
+        "AttentionDecoder",
+        "return_attention_scores='yes'",
+        lambda: gru_decoder()(
+            x(B, T, D), x(B, S, D), return_attention_scores="yes"
+        ),
+    ),
     "decoder-cell-dropout": (
         "AttentionDecoder",
         "cell.dropout",
@@ -1482,6 +1494,11 @@ CASES.update(
             lambda: ka.MultiHeadSelfAttention(2, sliding_window=3)(
                 x(B, 1, D), cache=ka.layers.RollingCache(None), cache_index=0
             ),
+        ),
+        "init-cache-unbuilt": (
+            DEC,
+            "an unbuilt block",
+            lambda: ka.TransformerDecoderBlock(2, 16).init_cache(B, 4),
         ),
         "init-cache-batch": (
             DEC,
