@@ -70,7 +70,7 @@ def beam_search(
     the length up to and including `end_id`, and $p_{i,j}$ the attention
     of target step $j$ on source position $i$ (source positions that never
     received attention, such as padding, are left out of the sum). As in
-    Wu et al. and tensorflow-addons, the coverage penalty ranks ended
+    tensorflow-addons' beam search, the coverage penalty ranks ended
     hypotheses: from the step after a hypothesis produces `end_id` it
     competes with $cp$ added, while live hypotheses compete on their
     normalised log-probability. The returned hypotheses (ended, or live

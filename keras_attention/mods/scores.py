@@ -179,8 +179,9 @@ def relative_position_bias(
     """T5's relative position bias (Raffel et al. 2020): a learned bias
     per head for the bucket of `kv_idx - q_idx`, added to the logits.
 
-    Exact distances below half the buckets each get a bucket; longer ones
-    share logarithmically wider buckets up to `max_distance`
+    Distances below a quarter of the buckets (half of them without
+    `bidirectional`) each get a bucket of their own; longer ones share
+    logarithmically wider buckets up to `max_distance`
     (`relative_position_bucket`). The gradients of `table` flow on every
     path.
 
@@ -258,9 +259,11 @@ def relative_position_bucket(
     """T5's bucket of each relative position `kv_idx - q_idx`, int32.
 
     With `bidirectional`, half of the buckets are for keys after the
-    query. Of the rest, half hold the exact distances `0 ..
-    num_buckets / 2 - 1`, the others distances up to `max_distance` on a
-    logarithmic scale; longer distances share the last bucket.
+    query and half for the others. In each direction, half of its buckets
+    hold the exact distances (`0 .. num_buckets / 4 - 1` with
+    `bidirectional`, `0 .. num_buckets / 2 - 1` without), the others
+    distances up to `max_distance` on a logarithmic scale; longer
+    distances share the direction's last bucket.
 
     Args:
         relative_position (Tensor): Integer `kv_idx - q_idx`, any shape.
