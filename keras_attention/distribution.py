@@ -13,6 +13,7 @@ JAX only: Keras distributions run on JAX's SPMD compiler.
 """
 
 import keras
+import numpy as np
 
 
 class ContextParallel(keras.distribution.ModelParallel):
@@ -106,14 +107,17 @@ class ContextParallel(keras.distribution.ModelParallel):
             )
         if layout_map is None:
             layout_map = keras.distribution.LayoutMap(device_mesh)
-        elif (
-            not isinstance(layout_map, keras.distribution.LayoutMap)
-            or layout_map.device_mesh is not device_mesh
-        ):
+        elif not isinstance(layout_map, keras.distribution.LayoutMap):
             raise ValueError(
                 "ContextParallel: `layout_map` must be a "
                 "keras.distribution.LayoutMap on `device_mesh`, or None. "
                 f"Received: layout_map={layout_map!r}"
+            )
+        elif _mesh(layout_map.device_mesh) != _mesh(device_mesh):
+            raise ValueError(
+                "ContextParallel: `layout_map` must be on `device_mesh` "
+                f"(shape, axes, devices: {_mesh(device_mesh)}). Received: "
+                f"layout_map on {_mesh(layout_map.device_mesh)}"
             )
         super().__init__(
             layout_map=layout_map,
@@ -140,3 +144,13 @@ class ContextParallel(keras.distribution.ModelParallel):
         ):
             axes[1] = self.sequence_dim_name
         return keras.distribution.TensorLayout(axes, self.device_mesh)
+
+
+def _mesh(device_mesh):
+    """What makes two device meshes the same mesh: shape, axis names and
+    devices."""
+    return (
+        tuple(device_mesh.shape),
+        tuple(device_mesh.axis_names),
+        tuple(str(d) for d in np.ravel(device_mesh.devices)),
+    )

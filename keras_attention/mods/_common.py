@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_attention._core import is_tensor
 from keras_attention._core import static_dim
+from keras_attention._kernels import static_int
 
 PACKAGE = "keras_attention"
 
@@ -32,14 +33,18 @@ def tensors(*xs):
 
 
 def check_rows(where, name, x, batch):
-    """`x` must have a row for every row of the batch (index `batch`)."""
-    if not len(batch.shape):
-        return  # one row, called by hand
-    rows, wanted = static_dim(x.shape[0]), static_dim(batch.shape[0])
-    if None not in (rows, wanted) and wanted > 1 and rows != wanted:
+    """`x` must have a row for every index in `batch`. The indices are
+    absolute and may be a block of the batch's rows (a device under
+    `ContextParallel` holds some of them), so they are checked where
+    their values are known now; a call checks its whole batch before
+    (`check_sizes`)."""
+    rows = static_dim(x.shape[0])
+    highest = None if rows is None else static_int(ops.max(batch))
+    if highest is not None and highest >= rows:
         raise ValueError(
-            f"{where}: `{name}` must have a row for each of the {wanted} "
-            f"rows of the batch. Received: {name}.shape={tuple(x.shape)}"
+            f"{where}: `{name}` must have a row for each row of the batch; "
+            f"the mod is called on batch row {highest}. Received: "
+            f"{name}.shape={tuple(x.shape)}"
         )
 
 

@@ -187,6 +187,33 @@ def functional_differences(distribution, exchanges, length=T):
 EXCHANGE_DEFAULTS = context.sharding.ALL_GATHER_MAX_BYTES, context.blocks.BLOCK
 
 
+def rows_differences(distribution):
+    """Mods of per-row data with several rows on each device (a batch of
+    4 on a batch axis of 2): each device calls them on its block of the
+    batch's rows, by their global indices."""
+    batch = 4
+    query = random((batch, T, N, H), 3)
+    key, value = random((batch, T, K, H), 4), random((batch, T, K, H), 5)
+    ids = np.ones((batch, T), "int32")
+    ids[:, 11:], ids[3, 25:] = 2, 0
+    cases = {
+        "prefix_lm": mods.prefix_lm(np.array([3, 9, 0, 17])),
+        "document": mods.document(ids),
+    }
+    return {
+        name: on_both(
+            with_gradients(
+                lambda q, k, v, m=mod: scaled_dot_product_attention(
+                    q, k, v, mask_mod=m
+                )
+            ),
+            (query, key, value),
+            distribution,
+        )
+        for name, mod in cases.items()
+    }
+
+
 def layer_cases():
     """`(name, layer, call arguments)`: every layer, with the structure
     and positions each can take."""
@@ -407,6 +434,7 @@ MESHES = {
             d, [("all_gather", 3)], length=40),
         "layers": lambda d: layer_differences(d, "all_gather"),
         "fit": fit_differences,
+        "rows": rows_differences,
         "tensor_parallel": lambda d: tensor_parallel_difference(),
     },
 }  # fmt: skip

@@ -67,6 +67,14 @@ def test_functional_matches_one_device(results, mesh):
 
 
 @jax_only
+def test_mods_of_per_row_data_with_several_rows_per_device(results):
+    """`prefix_lm` and `document` on a batch split in blocks of two rows
+    (each device calls them on its rows by their global indices)."""
+    assert set(results[2, 4]["rows"]) == {"prefix_lm", "document"}
+    assert_matches(results[2, 4]["rows"])
+
+
+@jax_only
 def test_both_exchanges_and_the_nested_blocks_are_checked(results):
     exchanges = {
         case.split("/")[0]
@@ -173,6 +181,16 @@ def test_bad_arguments_are_refused_clearly():
         ContextParallel(mesh, batch_dim_name="batch", sequence_dim_name="batch")
     layout = ContextParallel(mesh).get_data_layout((4, 16, 8))
     assert tuple(layout.axes) == ("batch", "sequence", None)
+    # A layout map on an equal mesh (another object) is on this mesh.
+    twin = keras.distribution.DeviceMesh(
+        (1, 1), ("batch", "sequence"), keras.distribution.list_devices()[:1]
+    )
+    ContextParallel(mesh, layout_map=keras.distribution.LayoutMap(twin))
+    other = keras.distribution.DeviceMesh(
+        (1, 1), ("data", "sequence"), keras.distribution.list_devices()[:1]
+    )
+    with pytest.raises(ValueError, match="Received: layout_map on"):
+        ContextParallel(mesh, layout_map=keras.distribution.LayoutMap(other))
 
 
 @jax_only

@@ -80,6 +80,23 @@ def test_mask_mods_equal_numpy_reference(name):
     )
 
 
+@pytest.mark.parametrize("name", ["document", "prefix_lm"])
+def test_a_block_of_batch_rows_is_those_rows(name):
+    """A path may call a mod on some rows of the batch, by their absolute
+    indices (a device under `ContextParallel` holds a block of them): it
+    gives those rows of the whole batch's mask. A row the mod has no data
+    for is refused."""
+    mod = MASK_MODS[name][0]
+    t, s = sizes(name)
+    whole = evaluate(mod, t=t, s=s)
+    _, head, q_idx, kv_idx = grid(t=t, s=s)
+    row = np.array([1], "int32").reshape(-1, 1, 1, 1)
+    got = ops.convert_to_numpy(mod(row, head, q_idx, kv_idx))
+    np.testing.assert_array_equal(np.broadcast_to(got, (1, N, t, s)), whole[1:])
+    with pytest.raises(ValueError, match="called on batch row 2"):
+        mod(row + 1, head, q_idx, kv_idx)
+
+
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("buckets, distance", [(32, 128), (8, 20), (6, 7)])
 def test_relative_position_bucket_equals_t5(buckets, distance, bidirectional):
