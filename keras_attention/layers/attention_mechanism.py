@@ -104,6 +104,7 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         )
         self._dropout_layer.build(None)
         self._build_score(query_shape[-1], key_shape[-1])
+        self._built_dims = {"query": query_shape[-1], "key": key_shape[-1]}
         self.built = True
 
     def call(
@@ -118,6 +119,7 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         key_mask=None,
     ):
         key = value if key is None else key
+        self._check_built_dims(query=query, key=key)
         if key_mask is not None:
             value_mask = checks.padding_of_keys(
                 self._where(), value_mask, key_mask, tuple(value.shape[:2])
@@ -265,6 +267,7 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         Returns:
             Tensor | tuple[Tensor, Tensor]: As the layer's call.
         """
+        self._check_built_dims(query=query)
         self._check_mask(value_mask, value.shape)
         single_step = len(query.shape) == 2
         weights_shape = (*query.shape[:-1], value.shape[1])
@@ -458,6 +461,14 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
                 f"{self._where()}: the feature dims of `query` and `key` "
                 "must be known. " + received
             )
+
+    def _check_built_dims(self, **tensors):
+        """The feature dims of `query` and `key` are those `build` saw:
+        the projections were made for them."""
+        built = getattr(self, "_built_dims", {})
+        for name, tensor in tensors.items():
+            if built.get(name) is not None:
+                checks.check_built_dim(self._where(), name, tensor, built[name])
 
     def _check_mask(self, value_mask, value_shape):
         checks.check_mask(

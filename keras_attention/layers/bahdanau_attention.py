@@ -10,6 +10,7 @@ import keras
 from keras import ops
 
 from keras_attention import functional
+from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.sublayers import built_projection
 from keras_attention.layers.sublayers import call_leaf
@@ -96,12 +97,9 @@ class BahdanauAttention(AttentionMechanism):
         super().__init__(
             dropout=dropout, kernel_initializer=kernel_initializer, **kwargs
         )
-        if not isinstance(units, int) or isinstance(units, bool) or units < 1:
-            raise ValueError(
-                f"{self._where()}: `units` must be a positive integer. "
-                f"Received: units={units!r}"
-            )
-        self.units = units
+        checks.check_positive_int(self._where(), "units", units)
+        self.units = int(units)
+        checks.check_flag(self._where(), "normalize", normalize)
         self.normalize = normalize
 
     def get_config(self):

@@ -14,8 +14,13 @@ from keras_attention._kernels import static_int
 
 
 def positive_int(value) -> bool:
-    """Whether `value` is an int (not a bool) greater than zero."""
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    """Whether `value` is a Python or NumPy integer (not a bool) greater
+    than zero."""
+    return (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, (bool, np.bool_))
+        and value > 0
+    )
 
 
 def check_positive_int(where: str, name: str, value, optional=False):
@@ -254,6 +259,17 @@ def check_mask(where: str, name: str, mask, expected):
     """
     if mask is None:
         return
+    if not hasattr(mask, "shape"):  # a nested list, or no mask at all
+        try:
+            array = np.asarray(mask)
+        except ValueError:  # ragged
+            array = np.asarray(None)
+        if array.dtype.kind not in "biu":
+            raise ValueError(
+                f"{where}: `{name}` must be a boolean tensor (True = attend). "
+                f"Received: {name}={mask!r}"
+            )
+        mask = array
     dtype = getattr(mask, "dtype", None)
     if dtype is not None:
         dtype = keras.backend.standardize_dtype(dtype)

@@ -8,6 +8,7 @@ dim, U cell units, A attentional state dim.
 import keras
 from keras import ops
 
+from keras_attention.layers import checks
 from keras_attention.layers import decoder_checks
 from keras_attention.layers.sublayers import call_leaf
 
@@ -43,6 +44,7 @@ class AttentionStepMixin:
                 attention with memory `"attention"` (its state, a dict of
                 `(B, S)` tensors such as the previous alignment).
         """
+        self._check_built("get_initial_state")
         batch = ops.shape(encoder_outputs)[0]
         if initial_state is None:
             initial_state = [
@@ -96,7 +98,14 @@ class AttentionStepMixin:
                 alignment_t)`: the output `(B, U)` or `(B, A)`, the new state
                 dict, the weights `(B, S)`.
         """
+        self._check_built("step")
         self._check_inputs("inputs_t", inputs_t, encoder_outputs)
+        checks.check_mask(
+            self._where(),
+            "encoder_padding_mask",
+            encoder_padding_mask,
+            encoder_outputs.shape[:2],
+        )
         decoder_checks.check_step_state(
             self._where(),
             state,
@@ -176,6 +185,15 @@ class AttentionStepMixin:
                 attention_state, alignment
             )
         return output, new_state, alignment
+
+    def _check_built(self, method):
+        """`method` needs the sublayers `build` makes."""
+        if not self.built:
+            raise ValueError(
+                f"{self._where()}: call or build the decoder before "
+                f"`{method}`, so that its cell and attention are built. "
+                "Received: an unbuilt decoder"
+            )
 
     def _feeds(self):
         """Whether the previous attentional state is fed with the input."""

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_attention import functional
+from keras_attention.layers import checks
 from keras_attention.layers.attention_mechanism import AttentionMechanism
 from keras_attention.layers.sublayers import built_projection
 from keras_attention.layers.sublayers import call_leaf
@@ -115,18 +116,18 @@ class LuongAttention(AttentionMechanism):
                 f"{self._where()}: `score` must be one of {_SCORES}. "
                 f"Received: score={score!r}"
             )
-        if score == "concat" and (
-            not isinstance(units, int) or isinstance(units, bool) or units < 1
-        ):
-            raise ValueError(
-                f"{self._where()}: score='concat' needs `units`, a positive "
-                f"integer. Received: units={units!r}"
-            )
         if score != "concat" and units is not None:
             raise ValueError(
                 f"{self._where()}: `units` is only used by score='concat'. "
                 f"Received: score={score!r}, units={units!r}"
             )
+        if score == "concat" and not checks.positive_int(units):
+            raise ValueError(
+                f"{self._where()}: score='concat' needs `units`, a positive "
+                f"integer. Received: units={units!r}"
+            )
+        units = None if units is None else int(units)
+        checks.check_flag(self._where(), "scale", scale)
         self.score = score
         self.units = units
         self.scale = scale

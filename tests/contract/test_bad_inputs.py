@@ -407,7 +407,53 @@ CASES = {
             x(B, D), x(B, S, D), attention_state={"alignment": x(B, S)}
         ),
     ),
+    "bahdanau-normalize-string": (
+        "BahdanauAttention",
+        "normalize='no'",
+        lambda: ka.BahdanauAttention(4, normalize="no"),
+    ),
+    "luong-scale-string": (
+        "LuongAttention",
+        "scale='no'",
+        lambda: ka.LuongAttention(scale="no"),
+    ),
+    "mechanism-query-dim-after-build": (
+        "BahdanauAttention",
+        "query.shape=(2, 5)",
+        lambda: built(ka.BahdanauAttention(4), x(B, D), x(B, S, D))(
+            x(B, 5), x(B, S, D)
+        ),
+    ),
+    "mechanism-key-dim-after-build": (
+        "LuongAttention",
+        "key.shape=(2, 4, 5)",
+        lambda: built(ka.LuongAttention(), x(B, D), x(B, S, D))(
+            x(B, D), x(B, S, D), key=x(B, S, 5)
+        ),
+    ),
+    "mechanism-attend-query-dim": (
+        "BahdanauAttention",
+        "query.shape=(2, 5)",
+        lambda: built(ka.BahdanauAttention(4), x(B, D), x(B, S, D)).attend(
+            x(B, 5), x(B, S, D), x(B, S, 4)
+        ),
+    ),
+    "mechanism-mask-string": (
+        "BahdanauAttention",
+        "value_mask='all'",
+        lambda: ka.BahdanauAttention(4)(x(B, D), x(B, S, D), value_mask="all"),
+    ),
     # AttentionDecoder
+    "decoder-unbuilt-initial-state": (
+        "AttentionDecoder",
+        "an unbuilt decoder",
+        lambda: gru_decoder().get_initial_state(x(B, S, D)),
+    ),
+    "decoder-step-mask": (
+        "AttentionDecoder",
+        "encoder_padding_mask.shape=(2, 3)",
+        lambda: decoder_step(lambda state: state, padding=mask(B, 3))(),
+    ),
     "decoder-cell": (
         "AttentionDecoder",
         "cell",
@@ -1417,9 +1463,9 @@ def built_cross_decoder():
     return block
 
 
-def decoder_step(edit, luong=False):
+def decoder_step(edit, luong=False, padding=None):
     """`AttentionDecoder.step` with the state of `get_initial_state`
-    changed by `edit(state)`."""
+    changed by `edit(state)`, and the `encoder_padding_mask` `padding`."""
     if luong:
         decoder = ka.AttentionDecoder(
             keras.layers.GRUCell(D), ka.LuongAttention("general"), flow="luong"
@@ -1429,7 +1475,7 @@ def decoder_step(edit, luong=False):
     source = x(B, S, D)
     decoder(x(B, T, D), source)
     state = edit(decoder.get_initial_state(source))
-    return lambda: decoder.step(x(B, D), state, source)
+    return lambda: decoder.step(x(B, D), state, source, padding)
 
 
 CASES.update(

@@ -487,3 +487,15 @@ def test_base_class_requires_a_score():
     layer = AttentionMechanism()
     with pytest.raises(NotImplementedError, match="_score"):
         layer(np.zeros((B, DQ), "float32"), np.zeros((B, S, DQ), "float32"))
+
+
+def test_numpy_integer_sizes_are_python_ints():
+    """As Keras's `Dense` does, a NumPy integer is a size: kept as an
+    int, so the config is the one a Python int gives."""
+    for make in (
+        lambda units: BahdanauAttention(units, name="a"),
+        lambda units: LuongAttention("concat", units=units, name="a"),
+    ):
+        config = make(np.int64(3)).get_config()
+        assert config == make(3).get_config()
+        assert type(config["units"]) is int
