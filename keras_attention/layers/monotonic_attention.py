@@ -52,7 +52,9 @@ class MonotonicAttention(AttentionMechanism):
     Noise of standard deviation `sigmoid_noise` is added to the scores in
     training, which pushes the stopping probabilities towards 0 and 1 so
     that the hard alignment can replace the expected one at inference
-    (`inference_mode="hard"`).
+    (`inference_mode="hard"`). tensorflow-addons adds it whenever
+    `sigmoid_noise > 0`, at inference too: here it acts in training only,
+    as in Raffel et al. 2017.
 
     Args:
         units: Size U of the projection. Required by `score="bahdanau"`;
