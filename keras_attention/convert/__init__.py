@@ -34,7 +34,14 @@ same function, to float32 rounding, with these differences:
   `attention_mask`. A converted `CachedMultiHeadAttention` is called with
   our `cache` and `cache_index` (the same `(B, 2, S_max, N, H)` layout).
 
+A converted layer keeps what is frozen: the layer's `trainable`, and
+the weights of a frozen sublayer stay out of training.
+
 What cannot be converted, and raises a `ValueError` naming the argument:
+
+* A subclass of one of the layers above (a keras-hub model's own
+  attention, say): it may compute something its weights do not show,
+  so only the listed classes themselves are converted.
 
 * `attention_axes` other than the sequence axis, an `output_shape` other
   than the query's dim, and `use_gate=True` (Keras): our layers attend

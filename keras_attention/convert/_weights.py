@@ -6,6 +6,7 @@ import warnings
 
 import keras
 
+from keras_attention._core.checks import check_flag as check_flag
 from keras_attention.layers.sublayers import gelu_approximate
 
 # Keras / keras-hub sublayer names and ours, one path component each.
@@ -34,6 +35,18 @@ def check_built(where, layer):
         raise ValueError(
             f"{where}: the layer must be built (called once, or `build`) so "
             "that its weights exist. Received: layer.built=False"
+        )
+
+
+def check_type(where, layer, types):
+    """`layer` is of one of `types` exactly: a subclass may compute
+    something else (its own `call`), which its weights do not show."""
+    if type(layer) not in types:
+        names = ", ".join(t.__name__ for t in types)
+        raise ValueError(
+            f"{where}: no conversion for this layer type; converted are "
+            f"exactly {names} (a subclass may compute something else). "
+            f"Received: layer={type(layer).__name__}"
         )
 
 
@@ -133,8 +146,11 @@ def activation(function, to_hub=False):
     return _HUB_ACTIVATIONS.get(name, function)
 
 
-def relative_weights(layer):
-    """The layer's variables by path below the layer (`query/kernel`)."""
+def relative_weights(layer, where=None):
+    """The layer's variables by path below the layer (`query/kernel`).
+
+    Two variables of one path would make a copy assign one of them twice
+    and leave the other as it was: a `ValueError` (naming `where`)."""
     prefix = (layer.path or layer.name) + "/"
     weights = {}
     for variable in layer.weights:
@@ -143,6 +159,13 @@ def relative_weights(layer):
             path = path[len(prefix) :]
         else:
             path = path.split("/", 1)[-1]
+        if path in weights:
+            raise ValueError(
+                f"{where or describe('copy', layer)}: two weights of layer "
+                f"'{layer.name}' have the path `{path}`, so they cannot be "
+                f"matched by path. Received: {weights[path].path} and "
+                f"{variable.path}"
+            )
         weights[path] = variable
     return weights
 
@@ -154,10 +177,13 @@ def ours_path(path):
 
 def copy(where, theirs, ours, rename=ours_path, backward=False):
     """Copies `theirs` into `ours` (`backward`: `ours` into `theirs`),
-    matching each of their paths, renamed, with one of ours."""
-    _check_plain(where, ours if backward else theirs)
-    source = {rename(p): v for p, v in relative_weights(theirs).items()}
-    target = relative_weights(ours)
+    matching each of their paths, renamed, with one of ours. What is
+    frozen stays frozen: the layer's `trainable`, and each weight's (a
+    frozen sublayer's)."""
+    origin, destination = (ours, theirs) if backward else (theirs, ours)
+    _check_plain(where, origin)
+    source = {rename(p): v for p, v in relative_weights(theirs, where).items()}
+    target = relative_weights(ours, where)
     if backward:
         source, target = target, source
     if set(source) != set(target):
@@ -166,6 +192,7 @@ def copy(where, theirs, ours, rename=ours_path, backward=False):
             f"source {sorted(set(source) - set(target))}, only in the "
             f"target {sorted(set(target) - set(source))}"
         )
+    destination.trainable = origin.trainable  # first: it sets every weight's
     for path, variable in target.items():
         value = source[path]
         if tuple(value.shape) != tuple(variable.shape):
@@ -174,6 +201,7 @@ def copy(where, theirs, ours, rename=ours_path, backward=False):
                 f"{tuple(value.shape)} for {tuple(variable.shape)}"
             )
         variable.assign(keras.ops.cast(value, variable.dtype))
+        variable.trainable = value.trainable
 
 
 def _check_plain(where, layer):

@@ -68,25 +68,27 @@ def from_keras(
     """
     where = _where("from_keras", layer)
     hub = sys.modules.get("keras_hub")
-    blocks = ()
-    if hub is not None:
-        blocks = (hub.layers.TransformerEncoder, hub.layers.TransformerDecoder)
-    attention = (
+    blocks = _hub_blocks()
+    attention = [
         keras.layers.MultiHeadAttention,
         keras.layers.GroupQueryAttention,
-    )
-    if not isinstance(layer, (*blocks, *attention)):
-        raise ValueError(
-            f"{where}: no conversion for this layer type; see "
-            "`keras_attention.convert` for those there are. Received: "
-            f"layer={type(layer).__name__}"
-        )
+    ]
+    if hub is not None:
+        attention.append(hub.layers.CachedMultiHeadAttention)
+    _conversion.check_type(where, layer, (*blocks, *attention))
+    _conversion.check_flag(where, "cross_attention", cross_attention)
     _conversion.check_built(where, layer)
-    if isinstance(layer, blocks):
-        if isinstance(layer, hub.layers.TransformerEncoder):
+    if type(layer) in blocks:
+        if cross_attention:
+            raise ValueError(
+                f"{where}: `cross_attention` is for the attention layers; "
+                "a block has cross-attention if its weights do. Received: "
+                f"cross_attention=True, layer={type(layer).__name__}"
+            )
+        if type(layer) is hub.layers.TransformerEncoder:
             return _encoder_from_hub(where, layer)
         return _decoder_from_hub(where, layer)
-    grouped = isinstance(layer, keras.layers.GroupQueryAttention)
+    grouped = type(layer) is keras.layers.GroupQueryAttention
     return _from_attention(where, layer, cross_attention, grouped)
 
 
@@ -124,15 +126,9 @@ def to_keras(layer: keras.layers.Layer) -> keras.layers.Layer:
     where = _where("to_keras", layer)
     attention = (MultiHeadSelfAttention, CrossAttention)
     blocks = (TransformerEncoderBlock, TransformerDecoderBlock)
-    if not isinstance(layer, (*attention, *blocks)):
-        raise ValueError(
-            f"{where}: no conversion for this layer type; `to_keras` takes "
-            "MultiHeadSelfAttention, CrossAttention, TransformerEncoderBlock "
-            "and TransformerDecoderBlock. Received: "
-            f"layer={type(layer).__name__}"
-        )
+    _conversion.check_type(where, layer, (*attention, *blocks))
     _conversion.check_built(where, layer)
-    if isinstance(layer, attention):
+    if type(layer) in attention:
         return _attention_to_keras(where, layer)
     return _block_to_hub(where, layer)
 
@@ -142,8 +138,10 @@ def replace_transformer_layers(backbone: keras.Model) -> keras.Model:
 
     Every keras-hub `TransformerEncoder` and `TransformerDecoder` of the
     functional `backbone` is replaced by the `from_keras` block of the same
-    name, and every other layer by a copy with the same weights; the
-    backbone itself is not changed. The result is a `keras.Model` with the
+    name, and every other layer by a copy with the same weights; a
+    functional model inside it (the backbone of a task model such as
+    `GPT2CausalLM`, or of a model of yours) is replaced in the same way.
+    The backbone itself is not changed. The result is a `keras.Model` with the
     backbone's inputs and outputs (not an instance of the backbone's
     class: its config describes keras-hub's layers) that gives the same
     outputs. keras-hub's decoder call arguments are renamed
@@ -173,22 +171,19 @@ def replace_transformer_layers(backbone: keras.Model) -> keras.Model:
         ['InputLayer', 'Dense']
     """
     where = _where("replace_transformer_layers", backbone)
-    if not isinstance(backbone, keras.Model) or not hasattr(
-        backbone, "_run_through_graph"
-    ):
+    if not _functional(backbone):
         raise ValueError(
             f"{where}: needs a functional model (a keras-hub backbone). "
             f"Received: backbone={type(backbone).__name__}"
         )
-    hub = sys.modules.get("keras_hub")
-    blocks = ()
-    if hub is not None:
-        blocks = (hub.layers.TransformerEncoder, hub.layers.TransformerDecoder)
+    blocks = _hub_blocks()
     sources = {}
 
     def clone(layer):
-        if isinstance(layer, blocks):
+        if type(layer) in blocks:
             return from_keras(layer)
+        if _functional(layer):  # a backbone inside a task model
+            return replace_transformer_layers(layer)
         copy = layer.__class__.from_config(layer.get_config())
         sources[id(copy)] = layer
         return copy
@@ -399,3 +394,18 @@ def _decoder_call(layer, args, kwargs):
             )
         renamed[_DECODER_ARGUMENTS[name]] = value
     return args, renamed
+
+
+def _functional(model):
+    """Whether `model` is a functional model (a graph of layers)."""
+    return isinstance(model, keras.Model) and hasattr(
+        model, "_run_through_graph"
+    )
+
+
+def _hub_blocks():
+    """keras-hub's Transformer blocks, if keras-hub is imported."""
+    hub = sys.modules.get("keras_hub")
+    if hub is None:
+        return ()
+    return (hub.layers.TransformerEncoder, hub.layers.TransformerDecoder)

@@ -474,3 +474,63 @@ def test_gpt2_generates_with_our_compiled_cache_loop(gpt2):
     logits = backbone.token_embedding(hidden, reverse=True)
     expected = np.argmax(keras.ops.convert_to_numpy(logits), axis=-1)
     np.testing.assert_array_equal(generated, expected[:, 2:6])
+
+
+def test_a_backbone_inside_a_model_is_replaced_too(gpt2):
+    """A task model (a functional model around a backbone) gets our
+    blocks in its backbone, and every weight, the embeddings included."""
+    backbone, _ = gpt2
+    inputs = {
+        "token_ids": keras.Input((None,), dtype="int32", name="token_ids"),
+        "padding_mask": keras.Input(
+            (None,), dtype="int32", name="padding_mask"
+        ),
+    }
+    head = keras.layers.Dense(3, name="head")
+    theirs = keras.Model(inputs, head(backbone(inputs)))
+    ours = convert.replace_transformer_layers(theirs)
+    inner = ours.get_layer(backbone.name)
+    assert isinstance(
+        inner.get_layer("transformer_layer_0"), TransformerDecoderBlock
+    )
+    data = backbone_inputs(18)
+    assert_close(ours(data), theirs(data))
+
+
+def test_what_is_frozen_stays_frozen():
+    """A frozen layer converts to a frozen one, and a frozen sublayer's
+    weights stay out of training, both ways."""
+    theirs = built_mha()
+    theirs._query_dense.trainable = False
+    ours = convert.from_keras(theirs)
+    frozen = sorted(v.path for v in ours.non_trainable_weights)
+    assert frozen == [
+        f"{ours.name}/query_dense/{w}" for w in ("bias", "kernel")
+    ]
+    ours.trainable = False
+    back = convert.to_keras(ours)
+    assert not back.trainable and not back.trainable_weights
+
+
+def test_subclasses_are_refused_by_name():
+    class Tempered(keras.layers.MultiHeadAttention):
+        def _compute_attention(self, query, *args, **kwargs):
+            return super()._compute_attention(query * 3.0, *args, **kwargs)
+
+    layer = Tempered(num_heads=2, key_dim=4)
+    layer.build((None, None, D), (None, None, D))
+    with pytest.raises(ValueError, match="Received: layer=Tempered"):
+        convert.from_keras(layer)
+
+
+@pytest.mark.parametrize("value", ["yes", None])
+def test_cross_attention_must_be_a_bool(value):
+    with pytest.raises(ValueError, match=f"cross_attention={value!r}"):
+        convert.from_keras(built_mha(), cross_attention=value)
+
+
+def test_a_block_takes_no_cross_attention_argument():
+    block = hub.layers.TransformerEncoder(8, 2)
+    block.build((None, None, D))
+    with pytest.raises(ValueError, match="`cross_attention` is for"):
+        convert.from_keras(block, cross_attention=True)
