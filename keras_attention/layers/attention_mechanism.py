@@ -268,7 +268,9 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
             Tensor | tuple[Tensor, Tensor]: As the layer's call.
         """
         self._check_built_dims(query=query)
-        self._check_mask(value_mask, value.shape)
+        checks.check_mask(
+            self._where(), "value_mask", value_mask, value.shape[:2]
+        )
         single_step = len(query.shape) == 2
         weights_shape = (*query.shape[:-1], value.shape[1])
         checks.check_shape(
@@ -463,17 +465,11 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
             )
 
     def _check_built_dims(self, **tensors):
-        """The feature dims of `query` and `key` are those `build` saw:
-        the projections were made for them."""
+        """`query` and `key` have the feature dims `build` saw."""
         built = getattr(self, "_built_dims", {})
         for name, tensor in tensors.items():
             if built.get(name) is not None:
                 checks.check_built_dim(self._where(), name, tensor, built[name])
-
-    def _check_mask(self, value_mask, value_shape):
-        checks.check_mask(
-            self._where(), "value_mask", value_mask, tuple(value_shape[:2])
-        )
 
     def _check_attention_state(self, attention_state, value_shape):
         if attention_state is None:
