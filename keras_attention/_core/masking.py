@@ -87,19 +87,10 @@ def masked_softmax(logits, mask=None, axis=-1):
         [[0. 0.]
          [1. 0.]]
     """
-    if logits.shape[axis] == 1:
-        # One key: the weight is 1 where visible (and Keras's softmax would
-        # warn about a size-1 axis).
-        weights = ops.ones_like(logits)
-        if mask is None:
-            return weights
-        return ops.where(
-            ops.cast(mask, "bool"), weights, ops.zeros_like(logits)
-        )
     input_dtype = logits.dtype
     logits = ops.cast(logits, logits_dtype(input_dtype))
     if mask is None:
-        return ops.cast(ops.softmax(logits, axis=axis), input_dtype)
+        return ops.cast(_softmax(logits, axis), input_dtype)
     mask = ops.cast(mask, "bool")
     weights = softmax_of_visible(logits, mask, axis)
     weights = ops.where(mask, weights, ops.zeros_like(weights))
@@ -113,7 +104,18 @@ def softmax_of_visible(logits, mask, axis=-1):
     a row with none visible comes out uniform, and the caller zeroes it
     (`reference` does so through each row's flag)."""
     fill = ops.full((), large_negative(logits.dtype), dtype=logits.dtype)
-    return ops.softmax(ops.where(mask, logits, fill), axis=axis)
+    return _softmax(ops.where(mask, logits, fill), axis)
+
+
+def _softmax(logits, axis):
+    """`ops.softmax`, written out where the axis has size 1 as traced:
+    Keras's softmax warns about such an axis, and PyTorch's ONNX exporter
+    traces a length given as `None` as 1, so the graph must still be a
+    softmax at any length (weights of one would be summed values)."""
+    if logits.shape[axis] != 1:
+        return ops.softmax(logits, axis=axis)
+    exp = ops.exp(logits - ops.max(logits, axis=axis, keepdims=True))
+    return exp / ops.sum(exp, axis=axis, keepdims=True)
 
 
 def merge_masks(*masks):

@@ -45,7 +45,7 @@ def reference(query, key, value, mask, scale, structure):
     makes no pass over the `(B, N, T, S)` matrix for it.
     """
     logits, mask, dtype = _reference_logits(query, key, mask, structure, scale)
-    if mask is None or logits.shape[-1] == 1:
+    if mask is None:
         weights = ops.cast(masked_softmax(logits, mask), dtype)
         return attend(weights, value), weights
     mask = ops.cast(mask, "bool")

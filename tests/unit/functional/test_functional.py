@@ -408,3 +408,38 @@ def test_float_mask_is_rejected():
     q, k, v = random_qkv((2, 3, 4), (2, 5, 4))
     with pytest.raises(ValueError, match="mask.dtype=float32"):
         sdpa(q, k, v, mask=np.ones((2, 3, 5), "float32"))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's tracer")
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_graph_traced_with_one_key_attends_over_any_number(masked):
+    """PyTorch's ONNX exporter traces a length given as `None` as 1: the
+    traced graph must still be attention (a softmax over the keys), not
+    the sum of the values that weights of one would give."""
+    import warnings
+
+    import torch
+
+    def attention(query, key, value, mask):
+        return F.scaled_dot_product_attention(
+            query, key, value, mask=mask if masked else None
+        )
+
+    def inputs(length, seed):
+        generator = rng(seed)
+        q, k, v = (
+            torch.tensor(generator.standard_normal((2, length, 2, 4)),
+                         dtype=torch.float32)
+            for _ in range(3)
+        )  # fmt: skip
+        mask = torch.ones((2, 1, length, length), dtype=torch.bool)
+        mask[1, :, :, length // 2 :] = False  # hidden keys in row 1
+        mask[1, :, :, 0] = True
+        return q, k, v, mask
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's own warnings
+        traced = torch.jit.trace(attention, inputs(1, 0))
+    got = traced(*inputs(5, 1))
+    want = attention(*inputs(5, 1))
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-6)
