@@ -96,7 +96,9 @@ def test_rolling_scores_cover_the_window_and_the_new_tokens():
     )  # fmt: skip
     assert tuple(scores.shape) == (B, 2, 2, 5)
     np.testing.assert_array_equal(to_numpy(scores)[..., :3], 0.0)
-    np.testing.assert_allclose(to_numpy(scores)[..., 3:], full[:, :, :2, :2])
+    np.testing.assert_allclose(
+        to_numpy(scores)[..., 3:], full[:, :, :2, :2], atol=1e-6
+    )  # another length: float32 rounding
     for index in range(2, 7):
         _, scores, cache = layer(
             x[:, index : index + 1], cache=cache, cache_index=index,
