@@ -38,5 +38,6 @@ from keras_attention._kernels.dispatch import select as select
 from keras_attention._kernels.report import Explanation as Explanation
 from keras_attention._kernels.report import explain_call as explain_call
 from keras_attention._kernels.runtime import scan_carries as scan_carries
+from keras_attention._kernels.runtime import static_array as static_array
 from keras_attention._kernels.runtime import static_dim as static_dim
 from keras_attention._kernels.runtime import static_int as static_int

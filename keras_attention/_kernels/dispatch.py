@@ -330,9 +330,8 @@ def _sparse_reason(query, key, structure):
         structure, batch, heads, query_length, key_length, chunk_size(structure)
     )
     # Read only where that is free (not traced, compiled or on a device).
-    per_mille = backends.current().concrete_int(
-        ops.cast(ops.round(fraction * 1000), "int32")
-    )
+    per_mille = ops.cast(ops.round(fraction * 1000), "int32")
+    per_mille = runtime.static_int(per_mille)
     if per_mille is None or per_mille > 1000 * SPARSE_FRACTION:
         return None
     return (

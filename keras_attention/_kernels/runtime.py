@@ -91,6 +91,17 @@ def static_int(value):
         return int(value) if value.ndim == 0 else None
     if isinstance(value, keras.KerasTensor) or len(value.shape) != 0:
         return None
+    known = static_array(value)
+    return None if known is None else int(known)
+
+
+def static_array(value):
+    """The value of a tensor as a NumPy array if it is known now (as
+    `static_int` reads it), else `None`."""
+    if isinstance(value, keras.KerasTensor):
+        return None
     if isinstance(value, keras.Variable):
         value = value.value
-    return backends.current().concrete_int(value)
+    if not keras.ops.is_tensor(value):
+        return np.asarray(value)  # host data: NumPy, Python numbers
+    return backends.current().host_array(value)

@@ -7,7 +7,7 @@ from keras import ops
 
 from keras_attention._core import is_tensor
 from keras_attention._core import static_dim
-from keras_attention._kernels import static_int
+from keras_attention._kernels import static_array
 
 PACKAGE = "keras_attention"
 
@@ -39,8 +39,11 @@ def check_rows(where, name, x, batch):
     their values are known now; a call checks its whole batch before
     (`check_sizes`)."""
     rows = static_dim(x.shape[0])
-    highest = None if rows is None else static_int(ops.max(batch))
-    if highest is not None and highest >= rows:
+    known = None if rows is None else static_array(batch)
+    if known is None or not known.size:
+        return
+    highest = int(known.max())
+    if highest >= rows:
         raise ValueError(
             f"{where}: `{name}` must have a row for each row of the batch; "
             f"the mod is called on batch row {highest}. Received: "

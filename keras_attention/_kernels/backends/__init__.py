@@ -23,27 +23,30 @@ Every module here defines the same names, so the rest of the kernels ask
   when few are left: `dispatch.SPARSE_FRACTION`);
 * running programs: `without_gradients()`, `compile_function(fn)`,
   `PROGRAMS_TAKE_VARIABLES`, `is_symbolic_dim(value)`, `is_exporting()`,
-  `concrete_int(tensor)` (a 0-d tensor's value, or `None` when reading
-  it would bake a traced value or synchronise a device), and
+  `host_array(tensor)` (a tensor's value as a NumPy array, or `None`
+  when reading it would bake a traced value or synchronise a device), and
   `device_name()`.
 
 A module is imported when it is first asked for, so a user with one
 backend installed never imports the others.
 """
 
-import functools
 import importlib
 
 import keras
 
-
-@functools.cache
-def _module(backend):
-    return importlib.import_module(
-        f"keras_attention._kernels.backends.{backend}"
-    )
+_MODULES = {}
 
 
 def current():
-    """The primitives module of Keras's backend."""
-    return _module(keras.backend.backend())
+    """The primitives module of Keras's backend.
+
+    Imported once, then read from a plain dictionary: `torch.compile`
+    (which traces the mods FlexAttention calls) cannot trace an import.
+    """
+    backend = keras.backend.backend()
+    if backend not in _MODULES:
+        _MODULES[backend] = importlib.import_module(
+            f"keras_attention._kernels.backends.{backend}"
+        )
+    return _MODULES[backend]

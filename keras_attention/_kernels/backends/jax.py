@@ -4,6 +4,7 @@ import contextlib
 
 import jax
 import keras
+import numpy as np
 
 from keras_attention._kernels.backends import common
 
@@ -107,9 +108,9 @@ def is_exporting() -> bool:
     return False
 
 
-def concrete_int(value):
+def host_array(value):
     if isinstance(value, jax.core.Tracer):
         return None
     if any(device.platform != "cpu" for device in value.devices()):
         return None  # reading it back would synchronise the device
-    return int(value)
+    return np.asarray(value)

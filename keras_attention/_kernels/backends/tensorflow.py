@@ -177,8 +177,7 @@ def is_exporting() -> bool:
     return False
 
 
-def concrete_int(value):
+def host_array(value):
     if tf.executing_eagerly():
-        return int(value.numpy())
-    known = tf.get_static_value(value)
-    return None if known is None else int(known)
+        return value.numpy()
+    return tf.get_static_value(value)

@@ -191,13 +191,15 @@ def is_exporting() -> bool:
     return torch.jit.is_tracing() or exporting()
 
 
-def concrete_int(value):
+def host_array(value):
     # Traced, exported or compiled, a value read back would be baked into
-    # the program (or break the graph).
+    # the program (or break the graph); under `torch.vmap` (FlexAttention
+    # calls the mods so) a tensor has no single value to read.
     if (
         value.device.type != "cpu"
         or is_exporting()
         or torch.compiler.is_compiling()
+        or torch._C._functorch.is_functorch_wrapped_tensor(value)
     ):
         return None
-    return int(value.item())
+    return value.detach().numpy()
