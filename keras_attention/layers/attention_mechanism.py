@@ -118,8 +118,8 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         attention_state=None,
         key_mask=None,
     ):
+        self._check_built_dims(query=query, value=value, key=key)
         key = value if key is None else key
-        self._check_built_dims(query=query, key=key)
         if key_mask is not None:
             value_mask = checks.padding_of_keys(
                 self._where(), value_mask, key_mask, tuple(value.shape[:2])
@@ -267,7 +267,7 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
         Returns:
             Tensor | tuple[Tensor, Tensor]: As the layer's call.
         """
-        self._check_built_dims(query=query)
+        self._check_built_dims(query=query, value=value)
         checks.check_mask(
             self._where(), "value_mask", value_mask, value.shape[:2]
         )
@@ -465,11 +465,11 @@ class AttentionMechanism(LoraMixin, keras.layers.Layer):
             )
 
     def _check_built_dims(self, **tensors):
-        """`query` and `key` have the feature dims `build` saw."""
-        built = getattr(self, "_built_dims", {})
-        for name, tensor in tensors.items():
-            if built.get(name) is not None:
-                checks.check_built_dim(self._where(), name, tensor, built[name])
+        """Floating-point features; `query` and `key` of the built dims."""
+        dims = getattr(self, "_built_dims", {})
+        for name, x in tensors.items():
+            if x is not None:
+                checks.check_built_dim(self._where(), name, x, dims.get(name))
 
     def _check_attention_state(self, attention_state, value_shape):
         if attention_state is None:

@@ -167,11 +167,17 @@ def padding_of_keys(where: str, value_mask, key_mask, shape):
     )
 
 
-def check_built_dim(where: str, name: str, tensor, expected: int):
-    """`tensor`'s last dim, where known, is the `expected` one a layer was
-    built with."""
+def check_built_dim(where: str, name: str, tensor, expected: int | None):
+    """`tensor` holds floating-point features, and its last dim, where
+    known, is the `expected` one a layer was built with (if not `None`)."""
+    dtype = keras.backend.standardize_dtype(tensor.dtype)
+    if "float" not in dtype:
+        raise ValueError(
+            f"{where}: `{name}` must be a floating-point tensor of features. "
+            f"Received: {name}.dtype={dtype}"
+        )
     received = static_dim(tensor.shape[-1])
-    if received is not None and received != expected:
+    if None not in (received, expected) and received != expected:
         raise ValueError(
             f"{where}: `{name}` must have the feature dim {expected} it was "
             f"built with. Received: {name}.shape={tuple(tensor.shape)}"

@@ -1526,6 +1526,40 @@ CASES.update(
             "inputs",
             lambda: built(ka.PositionEmbedding(4), x(B, T, D))(x(B, T, 6)),
         ),
+        # Features: floating-point tensors (integers would reach the
+        # projections as a backend type error, or be promoted silently).
+        "mhsa-integer-features": (
+            MHSA,
+            "inputs.dtype=int32",
+            lambda: ka.MultiHeadSelfAttention(2)(ids(B, T, D)),
+        ),
+        "cross-integer-value": (
+            CROSS,
+            "value.dtype=int32",
+            lambda: ka.CrossAttention(2)(x(B, T, D), ids(B, S, D)),
+        ),
+        "encoder-integer-features": (
+            ENC,
+            "inputs.dtype=int32",
+            lambda: ka.TransformerEncoderBlock(2, 16)(ids(B, T, D)),
+        ),
+        "decoder-integer-encoder-outputs": (
+            DEC,
+            "encoder_outputs.dtype=int32",
+            lambda: ka.TransformerDecoderBlock(2, 16)(
+                x(B, T, D), ids(B, S, D)
+            ),
+        ),
+        "learned-integer-features": (
+            "PositionEmbedding",
+            "inputs.dtype=int32",
+            lambda: ka.PositionEmbedding(4)(ids(B, T, D)),
+        ),
+        "bahdanau-integer-memory": (
+            "BahdanauAttention",
+            "value.dtype=int32",
+            lambda: ka.BahdanauAttention(4)(x(B, D), ids(B, S, D)),
+        ),
         # Caches: floating-point tensors.
         "cache-integer": (
             MHSA,
