@@ -249,11 +249,11 @@ class BlockTable:
         block_size, query_length, key_length, batch_size, num_heads: int.
     """
 
-    def fits(self, batch, heads, query_length, key_length, block_size):
-        """Whether the map is the one a call of these sizes needs: made on
-        the same grid (a map of fewer batch rows or heads could miss what
-        a mod does in the others) in blocks of the same size."""
-        return (batch, heads, query_length, key_length, block_size) == (
+    def sizes(self):
+        """The grid and block size the map was made for: a call uses it
+        on the same grid only (a map of fewer batch rows or heads could
+        miss what a mod does in the others), in blocks of the same size."""
+        return (
             self.batch_size,
             self.num_heads,
             self.query_length,

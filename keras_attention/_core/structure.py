@@ -366,8 +366,12 @@ class Structure:
 
 
 def _fits(ids, shape):
-    ids_shape = tuple(static_dim(d) for d in ids.shape)
-    return None not in ids_shape and ids_shape == tuple(shape)
+    # A traced size (a graph's batch) compares as unknown: its equality
+    # has no truth value.
+    return all(
+        static_dim(a) is not None and static_dim(a) == static_dim(b)
+        for a, b in zip(ids.shape, shape, strict=True)
+    )
 
 
 def _same(a, b):

@@ -16,6 +16,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention._core import large_negative
+from keras_attention._core import static_dim
 from keras_attention._core.binding import Bound
 from keras_attention._core.builtins import Band
 from keras_attention._core.builtins import Segments
@@ -254,11 +255,22 @@ def known_mod_blocks(structure, batch, heads, length, key_length, block):
     `visited_fraction` evaluated), else `None`."""
     sizes = (batch, heads, length, key_length, block)
     mod = structure.mask_mod
-    if isinstance(mod, BlockTable) and mod.fits(*sizes):
+    if isinstance(mod, BlockTable) and same_sizes(sizes, mod.sizes()):
         return ops.convert_to_tensor(mod.blocks)
-    if structure.mod_map is not None and structure.mod_map[0] == sizes:
+    if structure.mod_map is not None and same_sizes(
+        sizes, structure.mod_map[0]
+    ):
         return structure.mod_map[1]
     return None
+
+
+def same_sizes(sizes, others):
+    """Whether two calls' sizes are equal: as numbers, or as the same
+    traced size (a graph's batch, whose equality has no truth value)."""
+    return all(
+        a is b or (static_dim(a) is not None and static_dim(a) == static_dim(b))
+        for a, b in zip(sizes, others, strict=True)
+    )
 
 
 def visited_fraction(structure, batch, heads, length, key_length, block):
@@ -316,9 +328,10 @@ def block_map(structure, batch, heads, length, key_length, block, table=None):
 
 def blocked_ids(segments, length, key_length, block):
     """The query and key ids of `segments`, `(B, T')` and `(B, S')`,
-    padded to whole blocks with 0 (hidden)."""
+    padded to whole blocks with 0 (hidden). Ids of a whole sequence, given
+    to a cached step at its start, are cut to the call's positions."""
     return tuple(
-        ops.pad(ids, [(0, 0), (0, -n % block)])
+        ops.pad(ids[:, :n], [(0, 0), (0, -n % block)])
         for ids, n in (
             (segments.query_ids, length),
             (segments.key_ids, key_length),

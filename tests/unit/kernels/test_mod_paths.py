@@ -832,6 +832,38 @@ def test_a_block_mask_is_read_only_where_its_sizes_fit():
         )
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="a graph of unknown batch size is TensorFlow's",
+)
+@pytest.mark.parametrize("path", ["auto", "chunked"])
+def test_a_block_mask_in_a_graph_of_unknown_batch_size(path):
+    """Inside a `tf.function` whose batch size is unknown (as `fit` and
+    `predict` trace), a block mask and document ids are compared with the
+    call's sizes without asking a traced size for a truth value."""
+    import tensorflow as tf
+
+    q = inputs("gqa")[0]
+    mask = mods.block_mask(causal_function, B, 4, T, T, SMALL_CHUNK)
+    ids = mods.document(ops.convert_to_tensor(QUERY_IDS))
+    spec = tf.TensorSpec((None, T, 4, 4))
+
+    @tf.function(input_signature=[spec])
+    def attend(x):
+        with path_context(path):
+            return [
+                F.scaled_dot_product_attention(x, x, x, mask_mod=mod)
+                for mod in (mask, ids)
+            ]
+
+    got = attend(ops.convert_to_tensor(q))
+    for out, mod in zip(got, (causal_function, ids), strict=True):
+        want = F.scaled_dot_product_attention(q, q, q, mask_mod=mod)
+        np.testing.assert_allclose(
+            ops.convert_to_numpy(out), ops.convert_to_numpy(want), atol=1e-5
+        )
+
+
 def test_a_block_mask_sets_the_block_size_of_the_call():
     """Unforced, the blockwise path runs blocks of the block mask's size:
     `explain()` names it, the map is read (emptied by hand, it gives

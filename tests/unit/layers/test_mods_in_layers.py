@@ -353,3 +353,31 @@ def test_a_bias_layer_on_the_blockwise_path_and_in_cached_steps(bias_class):
             )
             steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), want[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("slots", [6, 7])
+def test_a_prefill_given_the_whole_sequences_ids_at_index_zero(slots):
+    """A prefill of 3 tokens at `cache_index=0`, `mods.document` holding
+    the ids of all 7 positions: the blockwise path (blocks of 3) gives the
+    reference path's outputs and input gradients, with a cache whose
+    length is a whole number of blocks (6) or not (7)."""
+    keras.utils.set_random_seed(0)
+    layer = ka.MultiHeadSelfAttention(N)
+    layer.build((B, T, D))
+    x = rng(6).standard_normal((B, 3, D)).astype("float32")
+    ids = np.array([[1, 1, 2, 2, 2, 3, 3], [1, 1, 1, 1, 2, 2, 2]], "int32")
+    mod = mods.document(ids[:, :slots])
+    cache = np.zeros((B, 2, slots, N, H), "float32")
+
+    def prefill(x):
+        return layer(
+            x, cache=cache, cache_index=0, use_causal_mask=True, mask_mod=mod
+        )[0]
+
+    results = {}
+    for path in ("reference", "chunked"):
+        with path_context(path):
+            results[path] = value_and_grads(prefill, [x])
+    (want, [want_dx], _), (got, [got_dx], _) = results.values()
+    np.testing.assert_allclose(got[0], want[0], atol=1e-5)
+    np.testing.assert_allclose(got_dx, want_dx, atol=1e-5)
