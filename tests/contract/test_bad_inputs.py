@@ -1546,9 +1546,7 @@ CASES.update(
         "decoder-integer-encoder-outputs": (
             DEC,
             "encoder_outputs.dtype=int32",
-            lambda: ka.TransformerDecoderBlock(2, 16)(
-                x(B, T, D), ids(B, S, D)
-            ),
+            lambda: ka.TransformerDecoderBlock(2, 16)(x(B, T, D), ids(B, S, D)),
         ),
         "learned-integer-features": (
             "PositionEmbedding",
