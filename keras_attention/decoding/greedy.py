@@ -299,21 +299,31 @@ def _keep_top_k(logits, k):
     the first ones (as `argmax` picks the first of ties)."""
     k = min(k, logits.shape[-1])
     kth = ops.min(ops.top_k(logits, k)[0], axis=-1, keepdims=True)  # (B, 1)
-    above = logits > kth
-    tied = logits == kth
-    room = k - ops.sum(ops.cast(above, "int32"), axis=-1, keepdims=True)
-    first_tied = ops.cumsum(ops.cast(tied, "int32"), axis=-1) <= room
-    keep = ops.logical_or(above, ops.logical_and(tied, first_tied))
-    return ops.where(keep, logits, _NEGATIVE)
+    return _keep_first(logits, kth, k)
 
 
 def _keep_top_p(logits, p):
+    """The fewest most likely logits of each row whose probability
+    reaches `p`; of logits tied with the last of them, the first ones."""
+    if p >= 1:
+        return logits  # all of them (a float32 sum may reach 1 early)
     sorted_logits, _ = ops.top_k(logits, logits.shape[-1])  # (B, V) desc
     probs = ops.softmax(sorted_logits, axis=-1)
     before = ops.cumsum(probs, axis=-1) - probs  # mass of better tokens
-    kept = ops.where(before < p, sorted_logits, np.inf)
-    threshold = ops.min(kept, axis=-1, keepdims=True)  # (B, 1)
-    return ops.where(logits >= threshold, logits, _NEGATIVE)
+    count = ops.sum(ops.cast(before < p, "int32"), axis=-1, keepdims=True)
+    kth = ops.take_along_axis(sorted_logits, count - 1, axis=-1)  # (B, 1)
+    return _keep_first(logits, kth, count)
+
+
+def _keep_first(logits, kth, count):
+    """Of each row, the logits above `kth`, then those tied with it in
+    order, `count` in all."""
+    above = logits > kth
+    tied = logits == kth
+    room = count - ops.sum(ops.cast(above, "int32"), axis=-1, keepdims=True)
+    first_tied = ops.cumsum(ops.cast(tied, "int32"), axis=-1) <= room
+    keep = ops.logical_or(above, ops.logical_and(tied, first_tied))
+    return ops.where(keep, logits, _NEGATIVE)
 
 
 _NEGATIVE = -1e30

@@ -9,6 +9,7 @@ from keras import ops
 from keras_attention.decoding import greedy_search
 from keras_attention.decoding import sample
 from tests.helpers import BACKEND
+from tests.helpers import rng
 from tests.helpers import to_numpy
 from tests.unit.decoding.step_functions import CachedTransformer
 from tests.unit.decoding.step_functions import L
@@ -202,3 +203,35 @@ def test_top_k_keeps_k_of_tied_tokens():
     assert set(np.unique(two)) == {0, 1}
     four = to_numpy(sample(step, (), start, 3, top_k=4, seed=0))
     assert set(np.unique(four)) == {0, 1, 2, 3}
+
+
+def test_top_p_keeps_the_fewest_tokens_of_tied_ones():
+    """Four equally likely tokens: `top_p=0.3` keeps the first two (0.25
+    falls short, 0.5 reaches it), `top_p=0.45` two, `top_p=0.6` three.
+    With logits (1, 0, 0, 0, 0), p = 0.405 for the first: `top_p=0.5`
+    keeps it and the first of the tied others."""
+    cases = (
+        ([0.0] * 4, 0.3, {0, 1}),
+        ([0.0] * 4, 0.45, {0, 1}),
+        ([0.0] * 4, 0.6, {0, 1, 2}),
+        ([1.0, 0.0, 0.0, 0.0, 0.0], 0.5, {0, 1}),
+    )
+    for row, top_p, kept in cases:
+        logits = ops.convert_to_tensor(np.array([row] * 400, "float32"))
+
+        def step(ids, state, logits=logits):
+            return logits, state
+
+        start = np.zeros(400, "int32")
+        drawn = to_numpy(sample(step, (), start, 2, top_p=top_p, seed=0))
+        assert set(np.unique(drawn)) == kept, (row, top_p)
+
+
+def test_top_p_of_one_keeps_every_token():
+    """`top_p=1` leaves the logits as they are, also where a float32 sum
+    of the probabilities reaches 1 before the last token."""
+    from keras_attention.decoding.greedy import _keep_top_p
+
+    logits = rng(0).normal(size=(200, 50)).astype("float32") * 4
+    kept = to_numpy(_keep_top_p(ops.convert_to_tensor(logits), 1.0))
+    np.testing.assert_array_equal(kept, logits)
