@@ -107,6 +107,14 @@ def check_max_length(name, max_length) -> int:
     return positive_integer(name, "max_length", max_length)
 
 
+def check_step_fn(name, step_fn):
+    if not callable(step_fn):
+        raise ValueError(
+            f"{name}: `step_fn` must be a callable `step_fn(ids, state) -> "
+            f"(logits, state)`. Received: step_fn={step_fn!r}"
+        )
+
+
 def check_batch_major(name, state, batch):
     """Every state leaf with a leading axis has `batch` rows: tiling a
     table `(V, V)` along its first axis would silently change it."""

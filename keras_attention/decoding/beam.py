@@ -14,6 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attention._core.checks import check_flag
 from keras_attention._core.checks import finite_number
 from keras_attention._core.checks import positive_integer
 from keras_attention._kernels import runtime
@@ -23,6 +24,7 @@ from keras_attention.decoding._common import check_batch_major
 from keras_attention.decoding._common import check_end_id
 from keras_attention.decoding._common import check_max_length
 from keras_attention.decoding._common import check_start_ids
+from keras_attention.decoding._common import check_step_fn
 from keras_attention.decoding._common import coverage_score
 from keras_attention.decoding._common import is_shared
 from keras_attention.decoding._common import length_penalty as penalty
@@ -128,6 +130,7 @@ def beam_search(
         ...     greedy_search(step_fn, (), np.array([0]), 2)))
         [[1 0]]
     """
+    check_step_fn("beam_search", step_fn)
     max_length = check_max_length("beam_search", max_length)
     beam_width = positive_integer("beam_search", "beam_width", beam_width)
     length_penalty = finite_number(
@@ -136,6 +139,7 @@ def beam_search(
     coverage_penalty = finite_number(
         "beam_search", "coverage_penalty", coverage_penalty
     )
+    check_flag("beam_search", "return_all_beams", return_all_beams)
     start = check_start_ids("beam_search", start_ids)
     end_id = check_end_id("beam_search", end_id)
     check_batch_major("beam_search", state, start.shape[0])

@@ -15,6 +15,7 @@ from keras_attention.decoding._common import call_step
 from keras_attention.decoding._common import check_end_id
 from keras_attention.decoding._common import check_max_length
 from keras_attention.decoding._common import check_start_ids
+from keras_attention.decoding._common import check_step_fn
 from keras_attention.decoding._common import pad
 from keras_attention.decoding._common import without_gradients
 
@@ -66,6 +67,7 @@ def greedy_search(
          [2 3 3]]
     """
 
+    check_step_fn("greedy_search", step_fn)
     max_length = check_max_length("greedy_search", max_length)
     start_ids = check_start_ids("greedy_search", start_ids)
     end_id = check_end_id("greedy_search", end_id)
@@ -137,6 +139,7 @@ def sample(
         >>> tuple(ids.shape)
         (2, 4)
     """
+    check_step_fn("sample", step_fn)
     max_length = check_max_length("sample", max_length)
     start_ids = check_start_ids("sample", start_ids)
     end_id = check_end_id("sample", end_id)

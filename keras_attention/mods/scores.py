@@ -14,6 +14,7 @@ from keras_attention._core.builtins import RelativeBias
 from keras_attention._core.builtins import SoftCap
 from keras_attention._core.checks import check_flag
 from keras_attention._core.checks import positive_integer
+from keras_attention._core.checks import real_number
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import check_head_count
@@ -24,14 +25,12 @@ from keras_attention.mods._common import tensors
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class _SoftCap(Configured, SoftCap):
     def __init__(self, cap):
-        if isinstance(cap, bool) or not (
-            isinstance(cap, (int, float)) and 0 < cap < math.inf
-        ):
+        if not (real_number(cap) and 0 < cap < math.inf):
             raise ValueError(
                 "soft_cap: `cap` must be a positive finite number. "
                 f"Received: cap={cap!r}"
             )
-        super().__init__(cap)
+        super().__init__(float(cap))
 
     def __call__(self, score, batch, head, q_idx, kv_idx):
         return super().__call__(*tensors(score, batch, head, q_idx, kv_idx))

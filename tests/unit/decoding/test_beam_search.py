@@ -360,6 +360,15 @@ def untiled_step(ids, state):
             ),
             "coverage_penalty='0.2'",
         ),
+        (
+            lambda st: beam_search(
+                table_step, st, [0], 2, 2, return_all_beams="no"
+            ),
+            "return_all_beams='no'",
+        ),
+        (lambda st: beam_search(None, st, [0], 2, 2), "step_fn=None"),
+        (lambda st: greedy_search(None, st, [0], 2), "step_fn=None"),
+        (lambda st: sample(None, st, [0], 2), "step_fn=None"),
     ],
 )
 def test_bad_arguments(call, received):

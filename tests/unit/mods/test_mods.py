@@ -254,6 +254,7 @@ def test_static_mask_mods_round_trip_their_config(mod):
         (lambda: mods.soft_cap(-1.0), "soft_cap: `cap` must be"),
         (lambda: mods.soft_cap(float("inf")), "soft_cap: `cap` must be"),
         (lambda: mods.soft_cap(float("nan")), "soft_cap: `cap` must be"),
+        (lambda: mods.soft_cap(np.float32(-2)), "soft_cap: `cap` must be"),
         (lambda: mods.alibi(0), "alibi: `num_heads`"),
         (
             lambda: mods.relative_position_bias(np.zeros((4, 2)), 8),
@@ -351,3 +352,18 @@ def test_relative_position_bias_in_every_call_form(form):
     np.testing.assert_allclose(
         gradient(bias, table), expected_grad, rtol=1e-5, atol=1e-5
     )
+
+
+def test_a_numpy_cap_is_a_cap():
+    """`soft_cap(np.float32(2))` caps as `soft_cap(2.0)` does, as the
+    `logit_soft_cap` argument takes NumPy numbers, and its config is
+    plain JSON."""
+    score = ops.convert_to_tensor(np.linspace(-9, 9, 7, dtype="float32"))
+    numpy_cap = mods.soft_cap(np.float32(2))
+    got, want = (
+        mod(score, 0, 0, 0, 0) for mod in (numpy_cap, mods.soft_cap(2.0))
+    )
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(got), ops.convert_to_numpy(want)
+    )
+    assert type(numpy_cap.get_config()["cap"]) is float
