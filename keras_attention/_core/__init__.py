@@ -14,6 +14,7 @@ from keras_attention._core.builtins import segments_visible as segments_visible
 from keras_attention._core.checks import check_inputs as check_inputs
 from keras_attention._core.checks import host_integers as host_integers
 from keras_attention._core.checks import is_tensor as is_tensor
+from keras_attention._core.checks import same_size as same_size
 from keras_attention._core.checks import static_dim as static_dim
 from keras_attention._core.masking import expand_mask as expand_mask
 from keras_attention._core.masking import large_negative as large_negative

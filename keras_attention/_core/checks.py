@@ -26,6 +26,15 @@ def static_dim(dim):
     return None
 
 
+def same_size(a, b) -> bool:
+    """Whether two sizes are known to be equal: as numbers, or as one
+    traced size (a graph's batch, whose `==` has no truth value)."""
+    if a is b:
+        return a is not None
+    known = static_dim(a)
+    return known is not None and known == static_dim(b)
+
+
 def is_tensor(x) -> bool:
     """A backend tensor or a `keras.KerasTensor` (not host data)."""
     return isinstance(x, keras.KerasTensor) or ops.is_tensor(x)

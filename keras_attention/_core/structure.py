@@ -39,6 +39,7 @@ from keras_attention._core.checks import check_length
 from keras_attention._core.checks import host_integers
 from keras_attention._core.checks import is_tensor
 from keras_attention._core.checks import real_number
+from keras_attention._core.checks import same_size
 from keras_attention._core.checks import static_dim
 from keras_attention._core.mods import BlockTable
 from keras_attention._core.mods import Combined
@@ -366,12 +367,7 @@ class Structure:
 
 
 def _fits(ids, shape):
-    # A traced size (a graph's batch) compares as unknown: its equality
-    # has no truth value.
-    return all(
-        static_dim(a) is not None and static_dim(a) == static_dim(b)
-        for a, b in zip(ids.shape, shape, strict=True)
-    )
+    return all(same_size(a, b) for a, b in zip(ids.shape, shape, strict=True))
 
 
 def _same(a, b):

@@ -16,7 +16,7 @@ import numpy as np
 from keras import ops
 
 from keras_attention._core import large_negative
-from keras_attention._core import static_dim
+from keras_attention._core import same_size
 from keras_attention._core.binding import Bound
 from keras_attention._core.builtins import Band
 from keras_attention._core.builtins import Segments
@@ -255,21 +255,20 @@ def known_mod_blocks(structure, batch, heads, length, key_length, block):
     `visited_fraction` evaluated), else `None`."""
     sizes = (batch, heads, length, key_length, block)
     mod = structure.mask_mod
-    if isinstance(mod, BlockTable) and same_sizes(sizes, mod.sizes()):
+    if isinstance(mod, BlockTable) and _same_sizes(sizes, mod.sizes()):
         return ops.convert_to_tensor(mod.blocks)
-    if structure.mod_map is not None and same_sizes(
+    if structure.mod_map is not None and _same_sizes(
         sizes, structure.mod_map[0]
     ):
         return structure.mod_map[1]
     return None
 
 
-def same_sizes(sizes, others):
-    """Whether two calls' sizes are equal: as numbers, or as the same
-    traced size (a graph's batch, whose equality has no truth value)."""
+def _same_sizes(sizes, others):
+    """Equal sizes, or the very sizes a map was made for (unknown ones
+    included: `mod_map` holds the sizes of this call)."""
     return all(
-        a is b or (static_dim(a) is not None and static_dim(a) == static_dim(b))
-        for a, b in zip(sizes, others, strict=True)
+        a is b or same_size(a, b) for a, b in zip(sizes, others, strict=True)
     )
 
 
