@@ -117,16 +117,22 @@ def finite_number(where: str, name: str, value) -> float:
     return float(value)
 
 
-def positive_integer(where: str, name: str, value) -> int:
-    """`value` as an int: a Python or NumPy integer of at least 1."""
+def positive_integer(
+    where: str, name: str, value, is_position: bool = False
+) -> int:
+    """`value` as an int: a Python or NumPy integer of at least 1 (and,
+    `is_position`, below 2**31: compared with int32 positions)."""
     if (
         not isinstance(value, (int, np.integer))
         or isinstance(value, (bool, np.bool_))
         or value < 1
+        or (is_position and value >= 2**31)
     ):
+        what = "a positive integer"
+        if is_position:
+            what += " below 2**31 (positions are int32)"
         raise ValueError(
-            f"{where}: `{name}` must be a positive integer. "
-            f"Received: {name}={value!r}"
+            f"{where}: `{name}` must be {what}. Received: {name}={value!r}"
         )
     return int(value)
 

@@ -54,6 +54,13 @@ def scan_carries(f, init, xs):
     return backends.current().scan_carries(f, init, xs)
 
 
+def top_k(x, k):
+    """`(values, indices)`: the `k` largest entries of the last axis, best
+    first, and among equal values the lower index first (as `argmax`
+    picks), on every backend."""
+    return backends.current().top_k(x, k)
+
+
 def programs_take_variables() -> bool:
     """Whether a compiled program must receive the Keras variables it reads
     as arguments (JAX's functional programs) rather than read them itself

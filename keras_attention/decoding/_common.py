@@ -115,6 +115,23 @@ def check_step_fn(name, step_fn):
         )
 
 
+def check_seed(name, seed):
+    """`seed` as a `keras.random.SeedGenerator`: made from `None` or an
+    integer in `[0, 2**31)`, which every backend's seed state holds."""
+    if isinstance(seed, keras.random.SeedGenerator):
+        return seed
+    if seed is not None and (
+        not isinstance(seed, (int, np.integer))
+        or isinstance(seed, (bool, np.bool_))
+        or not 0 <= seed < 2**31
+    ):
+        raise ValueError(
+            f"{name}: `seed` must be None, an integer in [0, 2**31) or a "
+            f"keras.random.SeedGenerator. Received: seed={seed!r:.80}"
+        )
+    return keras.random.SeedGenerator(None if seed is None else int(seed))
+
+
 def check_batch_major(name, state, batch):
     """Every state leaf with a leading axis has `batch` rows: tiling a
     table `(V, V)` along its first axis would silently change it."""

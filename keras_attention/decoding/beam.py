@@ -199,7 +199,7 @@ def beam_step(beams, logits, attention, step, alpha, beta, end_id):
         # Coverage ranks ended hypotheses only (Wu et al.; tensorflow-addons).
         ended = ops.where(finished, beta * coverage_score(coverage), 0.0)
         scores = scores + ended[..., None]
-    best = ops.top_k(ops.reshape(scores, (batch, width * vocab)), width)[1]
+    best = runtime.top_k(ops.reshape(scores, (batch, width * vocab)), width)[1]
     best = ops.cast(best, "int32")  # (B, K), into the flat candidates
     parent, token = best // vocab, best % vocab  # (B, K)
     order = ops.reshape(ops.arange(batch)[:, None] * width + parent, (-1,))
@@ -240,7 +240,7 @@ def _final_beams(beams, alpha, beta):
     scores = beams.totals / penalty(beams.lengths, alpha)  # (B, K)
     if beta is not None:
         scores = scores + beta * coverage_score(beams.coverage)
-    scores, ranking = ops.top_k(scores, width)  # best first
+    scores, ranking = runtime.top_k(scores, width)  # best first
     order = ops.arange(batch)[:, None] * width + ops.cast(ranking, "int32")
     return _take_beams(beams.sequences, ops.reshape(order, (-1,))), scores
 

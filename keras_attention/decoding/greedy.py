@@ -14,6 +14,7 @@ from keras_attention.decoding import _compiled
 from keras_attention.decoding._common import call_step
 from keras_attention.decoding._common import check_end_id
 from keras_attention.decoding._common import check_max_length
+from keras_attention.decoding._common import check_seed
 from keras_attention.decoding._common import check_start_ids
 from keras_attention.decoding._common import check_step_fn
 from keras_attention.decoding._common import pad
@@ -118,8 +119,8 @@ def sample(
         temperature: Greater than 0. Defaults to `1.0`.
         top_k: Keep the `top_k` most likely tokens.
         top_p: Nucleus mass, in (0, 1].
-        seed (int | keras.random.SeedGenerator | None): Same seed, same
-            samples.
+        seed (int | keras.random.SeedGenerator | None): An integer in
+            `[0, 2**31)` or a generator. Same seed, same samples.
         end_id (int | None): As in `greedy_search`.
         jit_compile: As in `greedy_search`. For the same seed the
             compiled loop draws the Python loop's tokens on JAX and
@@ -144,8 +145,7 @@ def sample(
     start_ids = check_start_ids("sample", start_ids)
     end_id = check_end_id("sample", end_id)
     temperature, top_k, top_p = _checked_sampling(temperature, top_k, top_p)
-    if not isinstance(seed, keras.random.SeedGenerator):
-        seed = keras.random.SeedGenerator(seed)
+    seed = check_seed("sample", seed)
     if jit_compile:
         generator = _compiled.loop_seed_generator()
         return _compiled_decode(

@@ -255,7 +255,9 @@ def prefix_lm(prefix_lengths):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class _Chunked(Configured):
     def __init__(self, chunk_size):
-        self.chunk_size = positive_integer("chunked", "chunk_size", chunk_size)
+        self.chunk_size = positive_integer(
+            "chunked", "chunk_size", chunk_size, is_position=True
+        )
 
     def __call__(self, batch, head, q_idx, kv_idx):
         batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)
@@ -313,7 +315,9 @@ def chunked(chunk_size: int):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class _SinkTokens(Configured):
     def __init__(self, num_sinks):
-        self.num_sinks = positive_integer("sink_tokens", "num_sinks", num_sinks)
+        self.num_sinks = positive_integer(
+            "sink_tokens", "num_sinks", num_sinks, is_position=True
+        )
 
     def __call__(self, batch, head, q_idx, kv_idx):
         batch, head, q_idx, kv_idx = tensors(batch, head, q_idx, kv_idx)

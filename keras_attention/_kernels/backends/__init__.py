@@ -9,6 +9,8 @@ Every module here defines the same names, so the rest of the kernels ask
 * `fori_loop(start, end, body, carry)`: a loop over a traced range;
 * `scan_carries(f, init, xs)`: every carry of a scan, stacked;
 * `leading_sum(x)`: `x` summed over its leading axis;
+* `top_k(x, k)`: the `k` largest entries of the last axis and their
+  indices, best first, equal values in index order;
 * `write_kv_cache(cache, key, value, index)`: the KV-cache write;
 * `block_buffer(zeros)`, `read_block(buffer, index)`,
   `write_block(buffer, index, block)` and `stacked_blocks(buffer)`: the

@@ -31,6 +31,13 @@ def keras_kernel(query, key, value, mask, is_causal, scale, bias=None):
     )  # (B, T, N, V)
 
 
+def top_k(x, k):
+    """The `k` largest entries of the last axis, best first, and their
+    indices: TensorFlow's and XLA's top-k put the lower index first among
+    equal values, as `argmax` picks."""
+    return ops.top_k(x, k)
+
+
 def slice_write_kv_cache(cache, key, value, index):
     """The cache halves updated apart and stacked: under XLA, slicing the
     halves back out of an updated cache inside a decoding loop would cost

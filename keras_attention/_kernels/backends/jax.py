@@ -15,6 +15,7 @@ block_buffer = common.block_buffer
 read_block = common.read_block
 write_block = common.write_block
 stacked_blocks = common.stacked_blocks
+top_k = common.top_k
 
 
 def leading_sum(x):

@@ -16,6 +16,7 @@ PROGRAMS_TAKE_VARIABLES = False  # a graph reads the variables itself
 # dispatch (`has_fused_kernel`), but it can be forced and checked.
 fused_kernel = common.keras_kernel
 leading_sum = common.leading_sum
+top_k = common.top_k
 
 
 def custom_gradient(forward, backward):

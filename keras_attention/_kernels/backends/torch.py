@@ -75,6 +75,15 @@ def scan_carries(f, init, xs):
     return ops.scan(lambda c, x: (f(c, x),) * 2, init, xs)[1]
 
 
+def top_k(x, k):
+    # `torch.topk` returns equal values in no set order; a stable sort
+    # keeps them in index order, as the other backends' top-k does.
+    values, indices = torch.sort(
+        ops.convert_to_tensor(x), dim=-1, descending=True, stable=True
+    )
+    return values[..., :k], indices[..., :k]
+
+
 def write_kv_cache(cache, key, value, index):
     """One update of the stacked cache (the halves are views of it): eager
     PyTorch copies a tensor per functional update."""

@@ -214,6 +214,38 @@ def test_beam_width_one_equals_greedy(end_id):
     np.testing.assert_array_equal(to_numpy(beam), to_numpy(greedy))
 
 
+def tied_step(ids, state):
+    """Logits tied across the vocabulary but for token 2, the worst."""
+    logits = ops.convert_to_tensor([[0.0, 0.0, -1.0, 0.0]], "float32")
+    return ops.tile(logits, (ids.shape[0], 1)), state
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_ties_go_to_the_lower_index(jit_compile):
+    """Among equal scores the lower index ranks first, as `argmax` picks
+    (`torch.topk` keeps no order among ties): one beam is greedy search,
+    and three beams over two steps are, in order, the first three of
+    the nine tied best sequences."""
+    starts = np.array([1, 3])
+    greedy = greedy_search(tied_step, (), starts, 3, jit_compile=jit_compile)
+    one, _ = beam_search(
+        tied_step, (), starts, 3, beam_width=1, jit_compile=jit_compile
+    )
+    np.testing.assert_array_equal(to_numpy(greedy), np.zeros((2, 3)))
+    np.testing.assert_array_equal(to_numpy(one), np.zeros((2, 3)))
+    beams, _ = beam_search(
+        tied_step,
+        (),
+        starts,
+        2,
+        beam_width=3,
+        return_all_beams=True,
+        jit_compile=jit_compile,
+    )
+    want = [[0, 0], [0, 1], [0, 3]]  # flat (beam, token) order
+    np.testing.assert_array_equal(to_numpy(beams), [want, want])
+
+
 def test_all_beams_are_sorted_and_distinct():
     model = PrefixModel(4)
     sequences, scores = beam_search(
@@ -369,6 +401,13 @@ def untiled_step(ids, state):
         (lambda st: beam_search(None, st, [0], 2, 2), "step_fn=None"),
         (lambda st: greedy_search(None, st, [0], 2), "step_fn=None"),
         (lambda st: sample(None, st, [0], 2), "step_fn=None"),
+        (lambda st: sample(table_step, st, [0], 2, seed=-1), "seed=-1"),
+        (
+            lambda st: sample(table_step, st, [0], 2, seed=2**31),
+            "seed=2147483648",
+        ),
+        (lambda st: sample(table_step, st, [0], 2, seed="a"), "seed='a'"),
+        (lambda st: sample(table_step, st, [0], 2, seed=True), "seed=True"),
     ],
 )
 def test_bad_arguments(call, received):

@@ -239,6 +239,14 @@ def test_static_mask_mods_round_trip_their_config(mod):
     [
         (lambda: mods.chunked(0), "chunked: `chunk_size` must be a positive"),
         (lambda: mods.sink_tokens(1.5), "sink_tokens: `num_sinks`"),
+        (
+            lambda: mods.chunked(2**31),
+            "are int32). Received: chunk_size=2147483648",
+        ),
+        (
+            lambda: mods.sink_tokens(2**31),
+            "are int32). Received: num_sinks=2147483648",
+        ),
         (lambda: mods.sliding_window(0), "sliding_window: `sliding_window`"),
         (lambda: mods.prefix_lm(np.ones((2, 3), "int32")), "shape (B,)"),
         (lambda: mods.prefix_lm(np.ones(2, "float32")), "dtype=float32"),
