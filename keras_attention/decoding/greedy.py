@@ -48,8 +48,12 @@ def greedy_search(
             program is kept for later calls with the same `step_fn`
             object, `max_length`, `end_id` and input shapes; it reads the
             current values of the Keras variables the step function read
-            when it was built (see `clear_compiled_programs`). Defaults
-            to `False`: a Python loop that accepts any step function.
+            when it was built (see `clear_compiled_programs`), but on JAX
+            and TensorFlow a plain tensor the step function closes over
+            keeps the value it had then: pass data that changes between
+            calls in `state`.
+            Defaults to `False`: a Python loop that accepts any step
+            function.
 
     Returns:
         Tensor: The generated ids, int32 `(B, max_length)`, without

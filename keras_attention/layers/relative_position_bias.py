@@ -9,6 +9,8 @@ from keras_attention import mods
 from keras_attention._core.builtins import RelativeBias
 from keras_attention._core.checks import check_flag
 from keras_attention.mods import scores
+from keras_attention.mods._common import check_head_count
+from keras_attention.mods._common import check_heads
 
 
 @keras.saving.register_keras_serializable(package="keras_attention")
@@ -67,7 +69,7 @@ class RelativePositionBias(keras.layers.Layer, RelativeBias):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        where = f"RelativePositionBias (layer '{self.name}')"
+        where = self._where()
         for name, value in (
             ("num_buckets", num_buckets),
             ("max_distance", max_distance),
@@ -100,10 +102,17 @@ class RelativePositionBias(keras.layers.Layer, RelativeBias):
         self.built = True
 
     def call(self, score, batch, head, q_idx, kv_idx):
+        if hasattr(head, "shape"):  # the mod checks it again, unnamed
+            check_heads(self._where(), "table", self.table.shape[1], head)
         return self._mod()(score, batch, head, q_idx, kv_idx)
 
     def distance_bias(self, num_heads, distance):
+        heads = self.table.shape[1]
+        check_head_count(self._where(), "table", heads, num_heads)
         return self._mod().distance_bias(num_heads, distance)
+
+    def _where(self):
+        return f"RelativePositionBias (layer '{self.name}')"
 
     def _mod(self):
         return mods.relative_position_bias(

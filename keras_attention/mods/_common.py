@@ -105,5 +105,6 @@ def check_head_count(where, name, num_heads, heads):
     if heads is not None and heads not in (1, num_heads):
         raise ValueError(
             f"{where}: `{name}` is for {num_heads} heads; the attention has "
-            f"{heads}. Received: {heads} heads"
+            f"{heads}. Received: `{name}` for {num_heads} heads in an "
+            f"attention of {heads} heads"
         )

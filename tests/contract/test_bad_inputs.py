@@ -1723,6 +1723,11 @@ CASES.update(
             "max_distance",
             lambda: ka.RelativePositionBias(max_distance=0.5),
         ),
+        "relative-bias-heads": (
+            "RelativePositionBias",
+            "table",
+            lambda: bias_shared_by_other_heads(),
+        ),
         "self-attention-mask-mod": (
             "MultiHeadSelfAttention",
             "mask_mod",
@@ -1740,6 +1745,13 @@ CASES.update(
         ),
     }
 )
+
+
+def bias_shared_by_other_heads():
+    """A bias built for two heads, then given to an attention of four."""
+    bias = ka.RelativePositionBias(num_buckets=8, max_distance=16)
+    ka.MultiHeadSelfAttention(2, score_mod=bias)(x(B, T, D))
+    ka.MultiHeadSelfAttention(4, score_mod=bias)(x(B, T, D))
 
 
 def our_message(error, who):
