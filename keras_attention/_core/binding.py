@@ -3,10 +3,10 @@
 The blockwise path differentiates through its own backward pass, which
 only sees its explicit inputs. `Bound` therefore finds the tensors and
 Keras variables a mod holds (through its closure, default arguments, the
-globals it names and what those hold, `functools.partial` arguments and
-the attributes of an object or a Keras layer) and calls the mod as a
-function of them: its floating tensors are differentiated like the
-query, key and value.
+globals it names and what those hold, `functools.partial` arguments, the
+attributes of an object, slots included, or a Keras layer) and calls the
+mod as a function of them: its floating tensors are differentiated like
+the query, key and value.
 """
 
 import copy
@@ -160,7 +160,20 @@ def _children(obj):
         )
     if isinstance(obj, (type, types.ModuleType, str, bytes, int, float)):
         return []
-    return list(getattr(obj, "__dict__", {}).values())
+    return list(_attributes(obj).values())
+
+
+def _attributes(obj):
+    """An object's attributes: its `__dict__` and its `__slots__`."""
+    attributes = dict(getattr(obj, "__dict__", {}))
+    for cls in type(obj).__mro__:
+        slots = vars(cls).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{cls.__name__.lstrip('_')}{name}"  # mangled
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                attributes[name] = getattr(obj, name)
+    return attributes
 
 
 def _may_hold(value):
@@ -217,18 +230,20 @@ def _substitute(obj, replaced, memo):
         )
     elif isinstance(obj, types.FunctionType):
         result = _substitute_function(obj, replaced, memo)
-    elif isinstance(obj, keras.Layer) or not hasattr(obj, "__dict__"):
+    elif isinstance(obj, (keras.Layer, type, types.ModuleType)):
         result = obj  # a layer's variables are mapped, not replaced
-    elif isinstance(obj, (type, types.ModuleType)):
-        result = obj
     else:
-        attributes = {
-            k: _substitute(v, replaced, memo) for k, v in vars(obj).items()
+        attributes = _attributes(obj)
+        changed = {
+            name: new
+            for name, value in attributes.items()
+            if (new := _substitute(value, replaced, memo)) is not value
         }
         result = obj
-        if any(attributes[k] is not v for k, v in vars(obj).items()):
+        if changed:
             result = copy.copy(obj)
-            vars(result).update(attributes)
+            for name, value in changed.items():
+                object.__setattr__(result, name, value)  # frozen too
     memo[id(obj)] = result
     return result
 

@@ -7,6 +7,7 @@ The blockwise path runs in blocks of 3 over 8 queries and 10 keys, so
 that every kind of block pair (empty, partial, full, padded) occurs.
 """
 
+import dataclasses
 import functools
 import re
 
@@ -955,6 +956,46 @@ def test_tensors_a_mod_reads_through_a_global_container_get_gradients():
     def run(scale):
         GLOBAL_SCALES["scale"] = scale
         return F.scaled_dot_product_attention(q, k, v, score_mod=_global_mod)
+
+    scale = np.array(0.7, "float32")
+    grads = {}
+    for path in ("reference", "chunked"):
+        with path_context(path):
+            _, (grads[path],), _ = value_and_grads(run, (scale,))
+    assert abs(float(grads["reference"])) > 1e-3
+    np.testing.assert_allclose(grads["chunked"], grads["reference"], rtol=1e-4)
+
+
+class _SlottedScale:
+    """A score mod that holds its scale in a slot (no `__dict__`)."""
+
+    __slots__ = ("__scale",)
+
+    def __init__(self, scale):
+        self.__scale = scale
+
+    def __call__(self, score, batch, head, q_idx, kv_idx):
+        return score * self.__scale
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _FrozenScale:
+    scale: object
+
+    def __call__(self, score, batch, head, q_idx, kv_idx):
+        return score * self.scale
+
+
+@pytest.mark.parametrize("mod_class", [_SlottedScale, _FrozenScale])
+def test_tensors_a_mod_holds_in_slots_get_gradients(mod_class):
+    """A score mod object with `__slots__` (a private slot, a frozen
+    dataclass): the blockwise path finds the tensor it holds and gives
+    the reference's gradient of it."""
+    q, k, v, _ = inputs("gqa")
+
+    def run(scale):
+        mod = mod_class(scale)
+        return F.scaled_dot_product_attention(q, k, v, score_mod=mod)
 
     scale = np.array(0.7, "float32")
     grads = {}
