@@ -19,6 +19,7 @@ import functools
 import inspect
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attention._core.checks import static_dim
@@ -94,40 +95,61 @@ def _parameters_take(parameters, count):
 
 
 def check_mod_sizes(
-    where, mask_mod, batch, query_length, key_length, positioned=(False, False)
+    where, mask_mod, batch, query_length, key_length, starts=(None, None)
 ):
     """Mask mods that hold data per batch row and position (document ids,
     prefix lengths) must hold it for a call of `batch` rows, `T =
     query_length` queries and `S = key_length` keys (ints, or `None` or
     tensors where unknown): else they would read another row's data, or
     past the end, which some backends clamp silently. Such a mod says so
-    in a `check_sizes(where, batch, query_length, key_length)` method.
+    in a `check_sizes(where, batch, query_length, key_length, exact)`
+    method.
 
-    At sequence positions (a cached step: `positioned` for the queries
-    and the keys, or a mod wrapped in `Positioned`) a mod indexes data of
-    the whole sequence, past the call's lengths (a rolling cache holds
-    fewer keys than the sequence has), so only the batch is checked."""
+    In a cached step, `starts` gives the sequence position of the first
+    query and of the first key (`None`: the mods see indices). A mod then
+    indexes data of the whole sequence, which must reach the last
+    position the call reads, `start + length` (not checked where a start
+    is traced); `exact` says which lengths are exact. A mod wrapped in
+    `Positioned` and called with no starts gets the wrapper's."""
     sizes = [
         d if isinstance(d, int) else None
         for d in (batch, query_length, key_length)
     ]
 
-    def visit(mod, positioned):
+    def reach(start, size):
+        if start is None:
+            return size
+        if not isinstance(start, int) or size is None:
+            return None  # traced: the positions are not known here
+        return max(start + size, 1)  # positions before 0 read position 0
+
+    def visit(mod, starts):
         if isinstance(mod, Positioned):
-            visit(mod.mod, (True, True))
+            if all(start is None for start in starts):
+                starts = (_static(mod.query_start), _static(mod.key_start))
+            visit(mod.mod, starts)
         elif isinstance(mod, Combined):
             for part in mod.mods:
-                visit(part, positioned)
+                visit(part, starts)
         elif isinstance(mod, BlockTable):
-            visit(mod.mask_mod, positioned)
+            visit(mod.mask_mod, starts)
         elif hasattr(mod, "check_sizes"):
             lengths = [
-                None if moved else size
-                for moved, size in zip(positioned, sizes[1:], strict=True)
+                reach(start, size)
+                for start, size in zip(starts, sizes[1:], strict=True)
             ]
-            mod.check_sizes(where, sizes[0], *lengths)
+            exact = tuple(start is None for start in starts)
+            mod.check_sizes(where, sizes[0], *lengths, exact=exact)
 
-    visit(mask_mod, tuple(positioned))
+    visit(mask_mod, tuple(_static(start) for start in starts))
+
+
+def _static(start):
+    """A start as an int where it is a Python or NumPy integer, `None`
+    where it is `None`, else the (traced) value itself."""
+    if isinstance(start, (int, np.integer)) and not isinstance(start, bool):
+        return int(start)
+    return start
 
 
 def serialize_mod(mod):

@@ -120,7 +120,7 @@ class Structure:
         offset=None,
         mask_mod=None,
         score_mod=None,
-        positioned=(False, False),
+        starts=(None, None),
     ):
         """Checks the structural arguments of a call with `batch` rows,
         `T = query_length` queries, `S = key_length` keys and `heads`
@@ -132,9 +132,9 @@ class Structure:
         static-size KV cache) and replaces the one `is_causal` implies.
         Built-in mods among `mask_mod` and `score_mod` join the structure
         the arguments make where they mean the same (see `absorb`).
-        `positioned` says whether the mods see the queries and the keys at
-        sequence positions rather than at their indices (a layer's cached
-        step; see `check_mod_sizes`).
+        `starts` are the sequence positions of the first query and key
+        where the mods see positions rather than indices (a layer's
+        cached step; see `check_mod_sizes`).
 
         Raises:
             ValueError: naming `where`, the argument and what was received.
@@ -151,7 +151,7 @@ class Structure:
         check_mod(where, "mask_mod", mask_mod)
         check_mod(where, "score_mod", score_mod)
         check_mod_sizes(
-            where, mask_mod, batch, query_length, key_length, positioned
+            where, mask_mod, batch, query_length, key_length, starts
         )
         if offset is None:
             offset = 0

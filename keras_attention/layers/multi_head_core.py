@@ -377,7 +377,7 @@ class MultiHeadCore(LoraMixin, keras.layers.Layer):
             mask_mod=mods_.positioned(mask_mod, *starts),
             score_mod=mods_.positioned(score_mod, *starts),
             # A cached step: the mods index the sequence, not the call.
-            positioned=(starts[0] is not None,) * 2,
+            starts=starts,
         )
         if self.dropout > 0 and training:
             scores = _core.reference_weights(

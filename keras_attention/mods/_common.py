@@ -66,6 +66,21 @@ def check_shape(where, what, name, shape, expected, axes):
         )
 
 
+def check_reach(where, what, name, shape, batch, reach):
+    """`shape` `(B, L)` has the call's `batch` rows and, where both are
+    known, `L >= reach`: a cached step reads positions up to `reach - 1`
+    (past the end, some backends clamp silently)."""
+    check_shape(where, what, name, shape, (batch, None), "(B, L)")
+    length = static_dim(shape[1])
+    if reach is not None and length is not None and length < reach:
+        raise ValueError(
+            f"{where}: `mask_mod` {what} reads `{name}` at the sequence "
+            f"positions up to {reach - 1} in this cached call; it must "
+            f"cover {reach} positions. Received: {name}.shape="
+            f"{tuple(static_dim(d) for d in shape)}"
+        )
+
+
 def integers(where, name, x, rank):
     axes = "(B, T)" if rank == 2 else "(B,)"
     if not is_tensor(x):

@@ -17,6 +17,7 @@ from keras_attention._core.structure import window as check_window
 from keras_attention.mods._common import PACKAGE
 from keras_attention.mods._common import Configured
 from keras_attention.mods._common import callables
+from keras_attention.mods._common import check_reach
 from keras_attention.mods._common import check_rows
 from keras_attention.mods._common import check_shape
 from keras_attention.mods._common import integers
@@ -118,14 +119,19 @@ class _Document(Segments):
         check_rows("document", "segment_ids", self.key_ids, batch)
         return super().__call__(batch, head, q_idx, kv_idx)
 
-    def check_sizes(self, where, batch, query_length, key_length):
-        """The query ids `(B, T)` and the key ids `(B, S)` of the call."""
-        for ids, length, axes in (
-            (self.query_ids, query_length, "(B, T)"),
-            (self.key_ids, key_length, "(B, S)"),
+    def check_sizes(self, where, batch, query_length, key_length, exact):
+        """The query ids `(B, T)` and the key ids `(B, S)` of the call; in
+        a cached step, ids reaching every position it reads."""
+        for ids, length, is_exact, axes in (
+            (self.query_ids, query_length, exact[0], "(B, T)"),
+            (self.key_ids, key_length, exact[1], "(B, S)"),
         ):
-            check_shape(where, "document", "segment_ids", ids.shape,
-                        (batch, length), axes)  # fmt: skip
+            if is_exact:
+                check_shape(where, "document", "segment_ids", ids.shape,
+                            (batch, length), axes)  # fmt: skip
+            else:
+                check_reach(where, "document", "segment_ids", ids.shape,
+                            batch, length)  # fmt: skip
 
     def __repr__(self):
         return "document(segment_ids)"
@@ -208,7 +214,7 @@ class _PrefixLM:
         whole = (last_key < prefix) | (last_key <= first_row)
         return _kinds(ops.all(whole, axis=0), ops.any(seen, axis=0))
 
-    def check_sizes(self, where, batch, query_length, key_length):
+    def check_sizes(self, where, batch, query_length, key_length, exact):
         """A prefix length for each row of the call's batch."""
         check_shape(where, "prefix_lm", "prefix_lengths",
                     self.prefix_lengths.shape, (batch,), "(B,)")  # fmt: skip

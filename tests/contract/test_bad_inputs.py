@@ -16,6 +16,7 @@ import pytest
 
 import keras_attention as ka
 from keras_attention import decoding
+from keras_attention import mods
 from keras_attention.functional import causal_mask
 from keras_attention.functional import explain
 from keras_attention.functional import padding_to_attention_mask
@@ -1728,6 +1729,21 @@ CASES.update(
             "table",
             lambda: bias_shared_by_other_heads(),
         ),
+        "self-attention-cached-ids-short": (
+            MHSA,
+            "segment_ids",
+            lambda: cached_document_step(ids_length=4),
+        ),
+        "cross-attention-cached-key-ids-long": (
+            CROSS,
+            "segment_ids",
+            lambda: cached_cross_document_step(key_ids_length=S + 2),
+        ),
+        "cross-attention-cached-query-ids-short": (
+            CROSS,
+            "segment_ids",
+            lambda: cached_cross_document_step(query_ids_length=2),
+        ),
         "self-attention-mask-mod": (
             "MultiHeadSelfAttention",
             "mask_mod",
@@ -1745,6 +1761,35 @@ CASES.update(
         ),
     }
 )
+
+
+def cached_document_step(ids_length):
+    """A step at position 3 over a cache of 6 slots, whose document ids
+    stop short of the slots the step reads (JAX clamped them silently)."""
+    ids = np.ones((B, ids_length), "int32")
+    return ka.MultiHeadSelfAttention(2)(
+        x(B, 1, D),
+        cache=x(B, 2, 6, 2, 4),
+        cache_index=3,
+        mask_mod=mods.document(ids),
+    )
+
+
+def cached_cross_document_step(query_ids_length=3, key_ids_length=S):
+    """A cross-attention step at position 2 over a cached source of S
+    keys: the key ids index the source, the query ids the sequence."""
+    layer = ka.CrossAttention(2)
+    source = x(B, S, D)
+    layer(x(B, 1, D), source)
+    query_ids = np.ones((B, query_ids_length), "int32")
+    key_ids = np.ones((B, key_ids_length), "int32")
+    return layer(
+        x(B, 1, D),
+        None,
+        cache=layer.compute_cache(source),
+        start_index=2,
+        mask_mod=mods.document((query_ids, key_ids)),
+    )
 
 
 def bias_shared_by_other_heads():
