@@ -230,8 +230,10 @@ def _substitute(obj, replaced, memo):
         )
     elif isinstance(obj, types.FunctionType):
         result = _substitute_function(obj, replaced, memo)
-    elif isinstance(obj, (keras.Layer, type, types.ModuleType)):
+    elif isinstance(obj, (keras.Layer, type, types.ModuleType, np.ndarray)):
         result = obj  # a layer's variables are mapped, not replaced
+    elif is_tensor(obj) or isinstance(obj, keras.Variable):
+        result = obj  # a tensor not replaced
     else:
         attributes = _attributes(obj)
         changed = {
