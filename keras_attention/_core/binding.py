@@ -212,7 +212,10 @@ def _substitute(obj, replaced, memo):
     elif isinstance(obj, (list, tuple)):
         items = [_substitute(x, replaced, memo) for x in obj]
         changed = any(a is not b for a, b in zip(items, obj, strict=True))
-        result = type(obj)(items) if changed else obj
+        result = obj
+        if changed:  # a named tuple takes its fields one by one
+            named = hasattr(obj, "_make")
+            result = type(obj)._make(items) if named else type(obj)(items)
     elif isinstance(obj, dict):
         result = {k: _substitute(v, replaced, memo) for k, v in obj.items()}
         if all(result[k] is v for k, v in obj.items()):
@@ -244,6 +247,9 @@ def _substitute(obj, replaced, memo):
         result = obj
         if changed:
             result = copy.copy(obj)
+            if result is obj:  # a `__copy__` that returns the object itself
+                result = object.__new__(type(obj))
+                changed = {**attributes, **changed}
             for name, value in changed.items():
                 object.__setattr__(result, name, value)  # frozen too
     memo[id(obj)] = result

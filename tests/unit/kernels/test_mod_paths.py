@@ -10,6 +10,7 @@ that every kind of block pair (empty, partial, full, padded) occurs.
 import dataclasses
 import functools
 import re
+import typing
 
 import keras
 import numpy as np
@@ -986,16 +987,39 @@ class _FrozenScale:
         return score * self.scale
 
 
-@pytest.mark.parametrize("mod_class", [_SlottedScale, _FrozenScale])
+class _SelfCopyScale(_SlottedScale):
+    """Copied, it is itself: the path must not write into it."""
+
+    __slots__ = ()
+
+    def __copy__(self):
+        return self
+
+
+class _TupleScale(typing.NamedTuple):
+    scale: object
+
+    def __call__(self, score, batch, head, q_idx, kv_idx):
+        return score * self.scale
+
+
+@pytest.mark.parametrize(
+    "mod_class", [_SlottedScale, _FrozenScale, _SelfCopyScale, _TupleScale]
+)
 def test_tensors_a_mod_holds_in_slots_get_gradients(mod_class):
     """A score mod object with `__slots__` (a private slot, a frozen
-    dataclass): the blockwise path finds the tensor it holds and gives
-    the reference's gradient of it."""
+    dataclass, one whose copy is itself, a named tuple): the blockwise
+    path finds the tensor it holds and gives the reference's gradient of
+    it, and leaves the mod as it was."""
     q, k, v, _ = inputs("gqa")
 
     def run(scale):
         mod = mod_class(scale)
-        return F.scaled_dot_product_attention(q, k, v, score_mod=mod)
+        outputs = F.scaled_dot_product_attention(q, k, v, score_mod=mod)
+        slotted = isinstance(mod, _SlottedScale)
+        held = mod._SlottedScale__scale if slotted else mod.scale
+        assert held is scale  # the path wrote nothing into the mod
+        return outputs
 
     scale = np.array(0.7, "float32")
     grads = {}
