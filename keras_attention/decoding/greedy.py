@@ -51,9 +51,8 @@ def greedy_search(
             when it was built (see `clear_compiled_programs`), but on JAX
             and TensorFlow a plain tensor the step function closes over
             keeps the value it had then: pass data that changes between
-            calls in `state`.
-            Defaults to `False`: a Python loop that accepts any step
-            function.
+            calls in `state`. Defaults to `False`: a Python loop that
+            accepts any step function.
 
     Returns:
         Tensor: The generated ids, int32 `(B, max_length)`, without

@@ -1727,7 +1727,7 @@ CASES.update(
         "relative-bias-heads": (
             "RelativePositionBias",
             "table",
-            lambda: bias_shared_by_other_heads(),
+            lambda: bias_shared_by_other_heads(),  # defined below
         ),
         "self-attention-cached-ids-short": (
             MHSA,
